@@ -1,0 +1,110 @@
+"""Read and write Hugging Face checkpoint folders: config.json + safetensors (single or sharded).
+
+Tensors keep their HF names and orientation (Linear weights [out, in]); converting them into
+the Flax model's layout is the model code's job, not this module's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import ml_dtypes  # noqa: F401  # registers "bfloat16" with numpy; safetensors' numpy reader needs it
+import numpy as np
+import safetensors
+import safetensors.numpy
+
+from models.errors import CheckpointError
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def load_hf_folder(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+  """Loads config.json and all safetensors weights of an HF folder.
+
+  `model.safetensors` wins over a sharded `model.safetensors.index.json` when both exist, as in
+  transformers.
+
+  Returns:
+    (hf_config, tensors): config.json as a dict; every tensor under its HF name, e.g.
+    `model.layers.0.self_attn.q_proj.weight` f32[H*Dh, D]. Floating tensors (bf16, f16, f32,
+    f64) come back as float32; integer tensors keep their dtype.
+
+  Raises:
+    CheckpointError naming the folder, file or tensor at fault.
+  """
+  folder = Path(path)
+  if not folder.is_dir():
+    raise CheckpointError(f"checkpoint folder {folder} does not exist")
+  config = _read_json(folder / CONFIG_FILE)
+  if not isinstance(config, dict):
+    raise CheckpointError(f"{folder / CONFIG_FILE} is not a JSON object")
+
+  single, index = folder / WEIGHTS_FILE, folder / INDEX_FILE
+  if single.is_file():
+    return config, _read_safetensors(single)
+  if not index.is_file():
+    others = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
+    hint = f" (found {', '.join(others)}: only safetensors is supported)" if others else ""
+    raise CheckpointError(f"no weights in {folder}: expected {WEIGHTS_FILE} or {INDEX_FILE}{hint}")
+
+  weight_map = _read_json(index).get("weight_map")
+  if not isinstance(weight_map, dict) or not weight_map:
+    raise CheckpointError(f"{index} has no 'weight_map'")
+  by_shard: dict[str, list[str]] = {}
+  for name, shard in weight_map.items():
+    by_shard.setdefault(shard, []).append(name)
+  tensors = {}
+  for shard, names in sorted(by_shard.items()):
+    shard_path = folder / shard
+    if not shard_path.is_file():
+      raise CheckpointError(f"{index} names shard {shard} (for {names[0]}), which is missing")
+    loaded = _read_safetensors(shard_path)
+    missing = [n for n in names if n not in loaded]
+    if missing:
+      raise CheckpointError(
+          f"shard {shard_path} lacks {len(missing)} tensor(s) listed in {index.name}, "
+          f"e.g. {missing[0]}")
+    tensors.update(loaded)
+  return config, tensors
+
+
+def save_hf_folder(path: str | os.PathLike, hf_config: Mapping[str, Any],
+                   tensors: Mapping[str, np.ndarray]) -> None:
+  """Writes config.json and a single model.safetensors into `path` (created if needed).
+
+  Not atomic on its own; callers that need that write into a temp folder and rename it.
+  The `format: pt` metadata lets transformers' from_pretrained read the file too.
+  """
+  folder = Path(path)
+  folder.mkdir(parents=True, exist_ok=True)
+  with open(folder / CONFIG_FILE, "w") as f:
+    json.dump(dict(hf_config), f, indent=2, sort_keys=True)
+    f.write("\n")
+  arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+  safetensors.numpy.save_file(arrays, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+
+
+def _read_json(path: Path) -> Any:
+  if not path.is_file():
+    raise CheckpointError(f"{path} is missing")
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise CheckpointError(f"{path} is not valid JSON: {e}") from e
+
+
+def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
+  try:
+    with safetensors.safe_open(str(path), framework="numpy") as f:
+      raw = {name: f.get_tensor(name) for name in f.keys()}
+  except (safetensors.SafetensorError, OSError) as e:
+    raise CheckpointError(f"{path} is corrupt or truncated: {e}") from e
+  # bf16 / fp8 arrive as ml_dtypes types (numpy kind "V"), so test for "not integer".
+  return {name: t if t.dtype.kind in "iub" else t.astype(np.float32, copy=False)
+          for name, t in raw.items()}
