@@ -1,0 +1,63 @@
+"""Settings of the ASD verification rule (specs/asd.md) and the paper's named presets."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+
+
+@dataclasses.dataclass(frozen=True)
+class ASDConfig:
+  """Frozen, hashable settings of one ASD verifier.
+
+  Attributes:
+    budget: regret budget B of one request, in target-logit units (>= 0, finite).
+    gate: local gate g on r_i / q_i (>= 0, finite).
+    max_exceptions: cap M on accepted mismatches per block (int >= 0).
+    normalize_q: use q_i = (K - i) / K instead of q_i = K - i.
+
+  `budget == 0` or `max_exceptions == 0` make the rule exactly strict greedy verification,
+  exact logit ties included. `gate == 0` is strict except that it still accepts a mismatch of
+  zero regret (an exact tie with a different id), as the rule's `r / q <= g` test is written. Only `normalize_q` changes the compiled program; the other
+  fields enter the jitted rule as traced scalars, so sweeping them never recompiles.
+  """
+
+  budget: float
+  gate: float
+  max_exceptions: int
+  normalize_q: bool = False
+
+  def __post_init__(self):
+    for name in ("budget", "gate"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"ASDConfig.{name} must be a real number, got {value!r}")
+      if not math.isfinite(value):
+        raise ValueError(f"ASDConfig.{name} must be finite, got {value!r}")
+      if value < 0:
+        raise ValueError(f"ASDConfig.{name} must be >= 0, got {value!r}")
+      object.__setattr__(self, name, float(value))
+    m = self.max_exceptions
+    if isinstance(m, bool) or not isinstance(m, numbers.Integral):
+      raise TypeError(f"ASDConfig.max_exceptions must be an int, got {m!r}")
+    if m < 0:
+      raise ValueError(f"ASDConfig.max_exceptions must be >= 0, got {m!r}")
+    object.__setattr__(self, "max_exceptions", int(m))
+    if not isinstance(self.normalize_q, bool):
+      raise TypeError(f"ASDConfig.normalize_q must be a bool, got {self.normalize_q!r}")
+
+  @property
+  def is_strict(self) -> bool:
+    """True when the settings can never accept a mismatch (budget 0 or cap 0)."""
+    return self.budget == 0.0 or self.max_exceptions == 0
+
+
+# Paper primary setting (Qwen3-14B + block-7 drafter), tuned on a disjoint GSM8K slice.
+PAPER = ASDConfig(budget=8.0, gate=0.25, max_exceptions=2)
+# The paper's exploratory best; for discovery, not for reporting.
+EXPLORATORY = ASDConfig(budget=12.0, gate=0.5, max_exceptions=2)
+# Budget 0: exactly strict greedy verification.
+STRICT = ASDConfig(budget=0.0, gate=0.0, max_exceptions=0)
+
+PRESETS = {"paper": PAPER, "exploratory": EXPLORATORY, "strict": STRICT}
