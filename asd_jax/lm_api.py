@@ -1,0 +1,35 @@
+"""The contract between the decode engines and any language model (target or drafter).
+
+The engines in asd_jax never import a model class (STYLE #2): they drive these pure callables
+over explicit pytrees. models/ provides them for the Flax decoder; tests provide fakes.
+
+Shape notation: B rows, T new tokens, V vocab, N requested hidden layers, D width.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+Params = Any
+Cache = Any
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LanguageModelFns:
+  """Pure functions of one model. Hashes by identity, so it can be a static jit argument.
+
+  forward(params, tokens_BxT, positions_BxT, cache) -> (logits_BxTxV f32, hidden_BxTxNxD | None, cache)
+      Scores T new tokens per row at the given positions (slot == position), writing their K/V.
+  prefill(params, tokens_BxT, lengths_B, cache) -> (last_logits_BxV f32, hidden_BxTxNxD | None, cache)
+      Right-padded prompts: row b's tokens are tokens_BxT[b, :lengths_B[b]] at positions 0..;
+      returns the logits after each row's last prompt token.
+  init_cache(batch_size, capacity) -> cache
+      A fresh preallocated cache with `capacity` slots per row.
+  """
+
+  forward: Callable[..., tuple[Any, Any, Cache]]
+  prefill: Callable[..., tuple[Any, Any, Cache]]
+  init_cache: Callable[[int, int], Cache]
+  vocab_size: int
+  name: str = "model"

@@ -1,0 +1,136 @@
+"""Plain autoregressive decoding: the baseline every speedup is measured against.
+
+One jitted program: prefill, then a `lax.while_loop` that runs one target forward per step for
+the whole batch, with per-row EOS and max_new_tokens. Rows are right-padded (see lm_api).
+
+Shape notation: B rows, T prompt width, N = max_new_tokens, V vocab.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from asd_jax import request_checks
+from asd_jax.lm_api import LanguageModelFns
+from asd_jax.sampling import SamplingConfig, select_token
+
+CAPACITY_BUCKET = 64
+
+
+@flax.struct.dataclass
+class DecodeResult:
+  """Output of a decode call.
+
+  tokens_BxN: generated ids (EOS included when hit); entries past num_generated_B are -1.
+  num_generated_B: generated tokens per row.
+  nonfinite_B: True where the model produced NaN/inf logits; the row stopped there and the
+    offending token was not emitted.
+  target_forwards_B: target forward passes that produced this row's tokens (prefill counts 1).
+  """
+
+  tokens_BxN: jax.Array
+  num_generated_B: jax.Array
+  nonfinite_B: jax.Array
+  target_forwards_B: jax.Array
+
+
+@flax.struct.dataclass
+class _LoopState:
+  step: jax.Array
+  tokens_BxN: jax.Array
+  num_generated_B: jax.Array
+  done_B: jax.Array
+  nonfinite_B: jax.Array
+  forwards_B: jax.Array
+  cache: object
+  rng: jax.Array
+
+
+def _emit(state: _LoopState, logits_BxV, rng, max_new_B, eos_ids, sampling) -> _LoopState:
+  finite_B = jnp.isfinite(logits_BxV).all(axis=-1)
+  token_B = select_token(logits_BxV, rng, sampling)
+  write_B = ~state.done_B & finite_B
+  rows = jnp.arange(token_B.shape[0])
+  col_B = jnp.where(write_B, state.num_generated_B, state.tokens_BxN.shape[1])  # OOB = dropped
+  tokens_BxN = state.tokens_BxN.at[rows, col_B].set(token_B, mode="drop")
+  num_generated_B = state.num_generated_B + write_B.astype(jnp.int32)
+  is_eos_B = jnp.isin(token_B, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else False
+  nonfinite_B = state.nonfinite_B | (~state.done_B & ~finite_B)
+  done_B = state.done_B | nonfinite_B | (write_B & is_eos_B) | (num_generated_B >= max_new_B)
+  return state.replace(tokens_BxN=tokens_BxN, num_generated_B=num_generated_B, done_B=done_B,
+                       nonfinite_B=nonfinite_B,
+                       forwards_B=state.forwards_B + (~state.done_B).astype(jnp.int32))
+
+
+@functools.partial(jax.jit, static_argnames=("fns", "max_new_tokens", "capacity", "eos_ids",
+                                             "sampling"))
+def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_B, rng, *,
+                  max_new_tokens: int, capacity: int, eos_ids: tuple[int, ...],
+                  sampling: SamplingConfig) -> DecodeResult:
+  b = prompt_BxT.shape[0]
+  cache = fns.init_cache(b, capacity)
+  logits_BxV, _, cache = fns.prefill(params, prompt_BxT, lengths_B, cache)
+  rng, sub = jax.random.split(rng)
+  state = _LoopState(
+      step=jnp.zeros((), jnp.int32),
+      tokens_BxN=jnp.full((b, max_new_tokens), -1, jnp.int32),
+      num_generated_B=jnp.zeros((b,), jnp.int32),
+      done_B=max_new_B <= 0,
+      nonfinite_B=jnp.zeros((b,), bool),
+      forwards_B=jnp.zeros((b,), jnp.int32),
+      cache=cache, rng=rng)
+  state = _emit(state, logits_BxV, sub, max_new_B, eos_ids, sampling)
+
+  def cond(s: _LoopState):
+    return (s.step < max_new_tokens - 1) & ~jnp.all(s.done_B)
+
+  def body(s: _LoopState):
+    last_B = jnp.take_along_axis(s.tokens_BxN, jnp.maximum(s.num_generated_B - 1, 0)[:, None],
+                                 axis=1)[:, 0]
+    # Finished rows keep computing (static shapes) but re-write their own last slot harmlessly.
+    position_B = lengths_B + jnp.maximum(s.num_generated_B - 1, 0)
+    logits_Bx1xV, _, cache = fns.forward(params, jnp.maximum(last_B, 0)[:, None],
+                                         position_B[:, None], s.cache)
+    rng, sub = jax.random.split(s.rng)
+    s = s.replace(step=s.step + 1, cache=cache, rng=rng)
+    return _emit(s, logits_Bx1xV[:, 0], sub, max_new_B, eos_ids, sampling)
+
+  state = jax.lax.while_loop(cond, body, state)
+  return DecodeResult(tokens_BxN=state.tokens_BxN, num_generated_B=state.num_generated_B,
+                      nonfinite_B=state.nonfinite_B, target_forwards_B=state.forwards_B)
+
+
+def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_new_tokens: int,
+                 eos_ids=(), sampling: SamplingConfig = SamplingConfig(), seed: int = 0,
+                 max_new_B=None, capacity: int | None = None) -> DecodeResult:
+  """Generates up to `max_new_tokens` tokens per row (jitted, on device).
+
+  Args:
+    prompt_BxT, lengths_B: right-padded prompt ids and their lengths (>= 1 each).
+    max_new_tokens: size of the output buffer (static); max_new_B optionally lowers it per row.
+    eos_ids: a row stops after emitting any of these (it is included in the output).
+    sampling: greedy by default.
+    capacity: KV-cache slots per row (static); default: prompt width + max_new_tokens rounded
+      up to a multiple of 64, so nearby request sizes share one compiled program.
+  """
+  prompt, lengths = request_checks.check_prompts(prompt_BxT, lengths_B, fns.vocab_size)
+  max_new_tokens = request_checks.check_positive_int("max_new_tokens", max_new_tokens)
+  eos_ids = request_checks.check_eos_ids(eos_ids, fns.vocab_size)
+  needed = prompt.shape[1] + max_new_tokens
+  if capacity is None:
+    capacity = request_checks.round_up(needed, CAPACITY_BUCKET)
+  request_checks.check_capacity(capacity, needed, "prompt + max_new_tokens")
+  if max_new_B is None:
+    max_new_B = np.full((prompt.shape[0],), max_new_tokens, np.int32)
+  max_new_B = np.asarray(max_new_B, np.int32)
+  if (max_new_B > max_new_tokens).any() or (max_new_B < 0).any():
+    raise ValueError(f"max_new_B must be in [0, {max_new_tokens}], got {max_new_B.tolist()}")
+  return _plain_decode(fns, params, jnp.asarray(prompt), jnp.asarray(lengths),
+                       jnp.asarray(max_new_B), jax.random.key(seed),
+                       max_new_tokens=max_new_tokens, capacity=int(capacity), eos_ids=eos_ids,
+                       sampling=sampling)

@@ -1,0 +1,58 @@
+"""Validation of decode requests at the Python boundary (before anything is traced).
+
+Every failure is a ValueError/TypeError whose one-line message names the problem and the
+offending value; nothing is clamped.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def check_prompts(prompt_BxT, lengths_B, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+  """Checks right-padded prompts; returns them as int32 numpy arrays."""
+  prompt = np.asarray(prompt_BxT)
+  lengths = np.asarray(lengths_B)
+  if prompt.ndim != 2:
+    raise ValueError(f"prompt tokens must be int[B, T], got shape {prompt.shape}")
+  if not np.issubdtype(prompt.dtype, np.integer):
+    raise TypeError(f"prompt tokens must be integers, got dtype {prompt.dtype}")
+  if lengths.shape != (prompt.shape[0],) or not np.issubdtype(lengths.dtype, np.integer):
+    raise ValueError(f"lengths must be int[{prompt.shape[0]}], got {lengths.dtype} {lengths.shape}")
+  if prompt.shape[0] == 0:
+    raise ValueError("empty batch: no prompts given")
+  if (lengths <= 0).any():
+    raise ValueError(f"empty prompt in row {int(np.argmax(lengths <= 0))}: every prompt needs >= 1 token")
+  if (lengths > prompt.shape[1]).any():
+    raise ValueError(f"lengths {lengths.tolist()} exceed the padded prompt width {prompt.shape[1]}")
+  mask = np.arange(prompt.shape[1])[None, :] < lengths[:, None]
+  bad = mask & ((prompt < 0) | (prompt >= vocab_size))
+  if bad.any():
+    b, t = map(int, np.argwhere(bad)[0])
+    raise ValueError(f"token id {int(prompt[b, t])} at row {b}, position {t} is outside the "
+                     f"vocabulary [0, {vocab_size})")
+  return prompt.astype(np.int32), lengths.astype(np.int32)
+
+
+def check_positive_int(name: str, value) -> int:
+  if isinstance(value, bool) or int(value) != value or value <= 0:
+    raise ValueError(f"{name} must be a positive integer, got {value!r}")
+  return int(value)
+
+
+def check_capacity(capacity: int, needed: int, what: str) -> None:
+  if needed > capacity:
+    raise ValueError(f"{what} needs {needed} cache slots but the cache holds {capacity}; "
+                     f"shorten the prompt, lower max_new_tokens or raise the capacity")
+
+
+def check_eos_ids(eos_ids, vocab_size: int) -> tuple[int, ...]:
+  ids = tuple(int(e) for e in eos_ids)
+  for e in ids:
+    if not 0 <= e < vocab_size:
+      raise ValueError(f"eos id {e} is outside the vocabulary [0, {vocab_size})")
+  return ids
+
+
+def round_up(n: int, multiple: int) -> int:
+  return -(-n // multiple) * multiple

@@ -1,0 +1,100 @@
+"""Hugging Face tensor names <-> the NNX `Decoder`'s parameters.
+
+Loaders (models/hf_folder.py, models/gguf_file.py) return tensors under HF names and HF
+orientation ([out, in] for linear layers); this module is the single place that knows how
+those names map onto the Flax modules, in both directions.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import flax.nnx as nnx
+import jax.numpy as jnp
+import numpy as np
+
+from models.config import ModelConfig
+from models.errors import CheckpointError
+from models.llama import Decoder
+
+# (HF suffix under model.layers.{i}., attribute path inside DecoderLayer, transpose?)
+_LAYER_TENSORS = (
+    ("input_layernorm.weight", "input_norm.scale", False),
+    ("post_attention_layernorm.weight", "post_attn_norm.scale", False),
+    ("self_attn.q_proj.weight", "attn.q_proj.kernel", True),
+    ("self_attn.k_proj.weight", "attn.k_proj.kernel", True),
+    ("self_attn.v_proj.weight", "attn.v_proj.kernel", True),
+    ("self_attn.o_proj.weight", "attn.o_proj.kernel", True),
+    ("mlp.gate_proj.weight", "mlp.gate_proj.kernel", True),
+    ("mlp.up_proj.weight", "mlp.up_proj.kernel", True),
+    ("mlp.down_proj.weight", "mlp.down_proj.kernel", True),
+)
+_QKV_BIAS = (("self_attn.q_proj.bias", "attn.q_proj.bias"),
+             ("self_attn.k_proj.bias", "attn.k_proj.bias"),
+             ("self_attn.v_proj.bias", "attn.v_proj.bias"))
+_QK_NORM = (("self_attn.q_norm.weight", "attn.q_norm.scale"),
+            ("self_attn.k_norm.weight", "attn.k_norm.scale"))
+
+
+def _tensor_map(cfg: ModelConfig):
+  """Yields (hf_name, module path from the Decoder, transpose) for every parameter."""
+  yield "model.embed_tokens.weight", "embed.embedding", False
+  yield "model.norm.weight", "final_norm.scale", False
+  if not cfg.tie_embeddings:
+    yield "lm_head.weight", "lm_head.kernel", True
+  for i in range(cfg.num_layers):
+    pre = f"model.layers.{i}."
+    for hf, path, t in _LAYER_TENSORS:
+      yield pre + hf, f"layers.{i}.{path}", t
+    if cfg.qkv_bias:
+      for hf, path in _QKV_BIAS:
+        yield pre + hf, f"layers.{i}.{path}", False
+    if cfg.o_bias:
+      yield pre + "self_attn.o_proj.bias", f"layers.{i}.attn.o_proj.bias", False
+    if cfg.qk_norm:
+      for hf, path in _QK_NORM:
+        yield pre + hf, f"layers.{i}.{path}", False
+
+
+def _resolve(model, path: str) -> nnx.Variable:
+  obj = model
+  for part in path.split("."):
+    obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
+  return obj
+
+
+def decoder_from_hf_tensors(cfg: ModelConfig, tensors: Mapping[str, np.ndarray],
+                            source: str = "checkpoint") -> Decoder:
+  """Builds a `Decoder` whose parameters are the given HF-named tensors (cast to cfg.dtype).
+
+  Raises CheckpointError naming the first missing tensor or shape mismatch.
+  """
+  model = nnx.eval_shape(lambda: Decoder(cfg, nnx.Rngs(0)))
+  dtype = jnp.dtype(cfg.dtype)
+  for hf_name, path, transpose in _tensor_map(cfg):
+    if hf_name not in tensors:
+      raise CheckpointError(f"{source}: missing tensor {hf_name!r}")
+    value = np.asarray(tensors[hf_name])
+    if transpose:
+      value = value.T
+    var = _resolve(model, path)
+    if tuple(value.shape) != tuple(var.shape):
+      raise CheckpointError(f"{source}: tensor {hf_name!r} has shape {tuple(value.shape)}, "
+                            f"this config expects {tuple(var.shape)} (checkpoint of another model?)")
+    var.value = jnp.asarray(value, dtype)
+  model.inv_freq.value = _inv_freq(cfg)
+  return model
+
+
+def _inv_freq(cfg: ModelConfig):
+  from models.config import rope_inverse_frequencies
+  return jnp.asarray(rope_inverse_frequencies(cfg), jnp.float32)
+
+
+def decoder_to_hf_tensors(model: Decoder) -> dict[str, np.ndarray]:
+  """Inverse of `decoder_from_hf_tensors` (float32 numpy, HF orientation)."""
+  out = {}
+  for hf_name, path, transpose in _tensor_map(model.cfg):
+    value = np.asarray(_resolve(model, path).value, np.float32)
+    out[hf_name] = value.T if transpose else value
+  return out
