@@ -64,18 +64,18 @@ def accept_prefix(mismatch_PxK, regret_PxK, length_P, remaining_P, gate, max_exc
   return accepted_P, charge_P, exceptions_P
 
 
-def draft_regret(draft_BxK, best_BxK, top_BxK, logits_BxKxV):
-  """Mismatch flags and float32 regrets of the draft tokens against their target rows.
+def draft_regret(tokens_K, rows_K, best_R, top_R, logits_RxV):
+  """Mismatch flags and float32 regrets of K drafted tokens, token k scored by row rows_K[k].
 
-  An id outside [0, V) (possible only under jit, where ids are not checked) is a mismatch
-  with infinite regret, so no setting can accept it.
+  One request (vmap for a batch). A chain scores position i with row i; a tree scores node n
+  with the row of its parent. An id outside [0, V) (possible only under jit, where ids are
+  not checked) is a mismatch with infinite regret, so no setting can accept it.
   """
-  vocab = logits_BxKxV.shape[-1]
-  in_vocab = (draft_BxK >= 0) & (draft_BxK < vocab)
-  safe_BxK = jnp.where(in_vocab, draft_BxK, 0)
-  drafted_BxK = jnp.take_along_axis(logits_BxKxV, safe_BxK[..., None], axis=-1)[..., 0]
-  regret_BxK = jnp.maximum(top_BxK - drafted_BxK.astype(jnp.float32), 0.0)
-  return draft_BxK != best_BxK, jnp.where(in_vocab, regret_BxK, jnp.inf)
+  vocab = logits_RxV.shape[-1]
+  in_vocab_K = (tokens_K >= 0) & (tokens_K < vocab)
+  drafted_K = logits_RxV[rows_K, jnp.where(in_vocab_K, tokens_K, 0)].astype(jnp.float32)
+  regret_K = jnp.maximum(top_R[rows_K] - drafted_K, 0.0)
+  return tokens_K != best_R[rows_K], jnp.where(in_vocab_K, regret_K, jnp.inf)
 
 
 def settle_ledger(spent_B, charge_B, budget):
@@ -88,8 +88,9 @@ def settle_ledger(spent_B, charge_B, budget):
 def _asd_core(draft_BxK, logits_BxRxV, spent_B, budget, gate, max_exceptions, *, normalize_q):
   b, k = draft_BxK.shape
   best_BxR, top_BxR, nonfinite_B = target_argmax(logits_BxRxV)
-  mismatch_BxK, regret_BxK = draft_regret(draft_BxK, best_BxR[:, :k], top_BxR[:, :k],
-                                          logits_BxRxV[:, :k])
+  rows_K = jnp.arange(k, dtype=jnp.int32)
+  mismatch_BxK, regret_BxK = jax.vmap(draft_regret, in_axes=(0, None, 0, 0, 0))(
+      draft_BxK, rows_K, best_BxR, top_BxR, logits_BxRxV)
   accepted_B, charge_B, exceptions_B = accept_prefix(
       mismatch_BxK, regret_BxK, jnp.full((b,), k, jnp.int32), budget - spent_B, gate,
       max_exceptions, normalize_q)
