@@ -1,0 +1,260 @@
+"""Lossless speculative sampling: chain rejection sampling and tree (multi-draft) sampling.
+
+Chain: speculative sampling of Leviathan, Kalman & Matias (2023, "Fast Inference from
+Transformers via Speculative Decoding") and Chen et al. (2023, "Accelerating Large Language
+Model Decoding with Speculative Sampling"): accept x_i with probability min(1, p(x_i)/q(x_i));
+at the first rejection sample from the residual norm(max(0, p - q)); after a full accept sample
+the bonus token from the last target row.
+
+Tree: recursive rejection sampling (RRS) for i.i.d. sibling candidates, as in SpecInfer (Miao
+et al. 2024, "SpecInfer", multi-step speculative sampling, Thm. 4.2) and Multi-Candidate
+Speculative Decoding (Yang et al. 2024, Alg. 1). At a node whose children were drawn i.i.d.
+from the draft distribution q, the children are tried in index order against the current
+target residual p: accept child x with probability min(1, p(x)/q(x)); after a rejection
+p <- norm(max(0, p - q)) and the next child is tried; once a child is accepted its own
+children are tried against the target distribution after it; when no child is left the next
+token is drawn from the current p. Each step is a rejection sampler for the current p with an
+independent proposal from q, so the committed tokens follow the target exactly. The guarantee
+needs each node's children to be i.i.d. samples of `draft_logits` at that node (after the same
+filters); deterministic top-k children make the scheme lossy.
+
+Temperature, top-k and top-p are applied identically to the target and the draft logits
+before the test: the output is distributed as the *filtered* target. Temperature 0 makes both
+one-hot at their argmax, and the result is exactly strict greedy verification.
+
+Shapes: B batch rows, K draft block length, N tree nodes, R logits rows (K+1 or N+1),
+V vocabulary, D path length. Layouts as in greedy_verify.py (chain) and tree_verify.py (tree);
+draft_logits row j is the draft distribution the token(s) at target row j were drawn from, so
+a chain has K draft rows and a tree N (row 0 for the root's children, row n+1 for node n's;
+the last node cannot have children).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from asd_jax import verify_checks as checks
+from asd_jax.greedy_verify import prefix_length, target_argmax
+from asd_jax.verify_output import NONFINITE_TOKEN, TreeVerifyOutput, VerifyOutput
+
+
+def _check_filters(temperature, top_k, top_p):
+  if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not (
+      math.isfinite(temperature) and temperature >= 0):
+    raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+  if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 0:
+    raise ValueError(f"top_k must be an int >= 0 (0 = off), got {top_k!r}")
+  if isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1:
+    raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p!r}")
+  return float(temperature), int(top_k), float(top_p)
+
+
+def _filtered_probs(logits_xV, temperature: float, top_k: int, top_p: float):
+  vocab = logits_xV.shape[-1]
+  z_xV = logits_xV.astype(jnp.float32)
+  if temperature == 0.0:
+    return jax.nn.one_hot(jnp.argmax(z_xV, axis=-1), vocab, dtype=jnp.float32)
+  z_xV = z_xV / temperature
+  if 0 < top_k < vocab:
+    kth_x1 = lax.top_k(z_xV, top_k)[0][..., -1:]
+    z_xV = jnp.where(z_xV >= kth_x1, z_xV, -jnp.inf)
+  p_xV = jax.nn.softmax(z_xV, axis=-1)
+  if top_p < 1.0:
+    desc_xV = -jnp.sort(-p_xV, axis=-1)
+    # Keep the smallest head whose mass reaches top_p (always at least the top token).
+    keep_xV = jnp.cumsum(desc_xV, axis=-1) - desc_xV < top_p
+    floor_x1 = jnp.min(jnp.where(keep_xV, desc_xV, jnp.inf), axis=-1, keepdims=True)
+    p_xV = jnp.where(p_xV >= floor_x1, p_xV, 0.0)
+    p_xV = p_xV / jnp.sum(p_xV, axis=-1, keepdims=True)
+  return p_xV
+
+
+def apply_sampling_filters(logits, temperature: float = 1.0, top_k: int = 0,
+                           top_p: float = 1.0):
+  """Probabilities float32[..., V] after temperature, then top-k, then top-p (nucleus).
+
+  temperature 0 gives a one-hot at the argmax (first maximum). top_k = 0 and top_p = 1 are
+  off. Ties at the top-k or top-p boundary are all kept, so the support can exceed k.
+  The settings are static Python numbers (they change the program); usable inside jit.
+  """
+  temperature, top_k, top_p = _check_filters(temperature, top_k, top_p)
+  return _filtered_probs(jnp.asarray(logits), temperature, top_k, top_p)
+
+
+def _noise(key, batch: int, slots: int, vocab: int):
+  # The chain and the tree draw the same noise, so a chain given as a tree samples the same.
+  k_accept, k_sample = jax.random.split(key)
+  return (jax.random.uniform(k_accept, (batch, slots)),
+          jax.random.gumbel(k_sample, (batch, vocab)))
+
+
+def _draw(dist_V, gumbel_V):
+  return jnp.argmax(jnp.log(dist_V) + gumbel_V, axis=-1).astype(jnp.int32)
+
+
+def _residual(p_V, q_V):
+  res_V = jnp.maximum(p_V - q_V, 0.0)
+  total = jnp.sum(res_V, axis=-1, keepdims=True)
+  # Zero mass means p <= q everywhere, where a rejection cannot happen; keep p.
+  return jnp.where(total > 0, res_V / jnp.where(total > 0, total, 1.0), p_V)
+
+
+def _nonfinite(target_logits, draft_logits):
+  _, _, bad_target = target_argmax(target_logits)
+  _, _, bad_draft = target_argmax(draft_logits)
+  return bad_target | bad_draft
+
+
+@functools.partial(jax.jit, static_argnames=("temperature", "top_k", "top_p"))
+def _chain_core(draft_BxK, draft_logits_BxKxV, target_logits_BxRxV, key, temperature, top_k,
+                top_p):
+  b, k = draft_BxK.shape
+  vocab = target_logits_BxRxV.shape[-1]
+  p_BxRxV = _filtered_probs(target_logits_BxRxV, temperature, top_k, top_p)
+  q_BxKxV = _filtered_probs(draft_logits_BxKxV, temperature, top_k, top_p)
+  u_BxK, gumbel_BxV = _noise(key, b, k, vocab)
+
+  in_vocab_BxK = (draft_BxK >= 0) & (draft_BxK < vocab)
+  safe_BxKx1 = jnp.where(in_vocab_BxK, draft_BxK, 0)[..., None]
+  px_BxK = jnp.take_along_axis(p_BxRxV[:, :k], safe_BxKx1, axis=-1)[..., 0]
+  qx_BxK = jnp.take_along_axis(q_BxKxV, safe_BxKx1, axis=-1)[..., 0]
+  accepted_B = prefix_length(in_vocab_BxK & (u_BxK * qx_BxK < px_BxK))
+
+  at_Bx1x1 = accepted_B[:, None, None]
+  p_BxV = jnp.take_along_axis(p_BxRxV, at_Bx1x1, axis=1)[:, 0]
+  q_BxV = jnp.take_along_axis(q_BxKxV, jnp.minimum(at_Bx1x1, k - 1), axis=1)[:, 0]
+  full_Bx1 = (accepted_B == k)[:, None]
+  next_B = _draw(jnp.where(full_Bx1, p_BxV, _residual(p_BxV, q_BxV)), gumbel_BxV)
+
+  best_BxR, _, _ = target_argmax(target_logits_BxRxV)
+  off_argmax_BxK = (draft_BxK != best_BxR[:, :k]) & (jnp.arange(k) < accepted_B[:, None])
+  nonfinite_B = _nonfinite(target_logits_BxRxV, draft_logits_BxKxV)
+  return VerifyOutput(
+      num_accepted=jnp.where(nonfinite_B, 0, accepted_B),
+      next_token=jnp.where(nonfinite_B, NONFINITE_TOKEN, next_B),
+      spent=jnp.zeros((b,), jnp.float32),
+      num_exceptions=jnp.where(nonfinite_B, 0,
+                               jnp.sum(off_argmax_BxK, axis=-1, dtype=jnp.int32)),
+      nonfinite=nonfinite_B,
+  )
+
+
+def _tree_row(tokens_N, parents_N, p_RxV, q_NxV, best_R, u_N, gumbel_V, depth):
+  n, vocab = q_NxV.shape
+  q_RxV = jnp.concatenate([q_NxV, jnp.zeros_like(q_NxV[:1])], axis=0)
+  in_vocab_N = (tokens_N >= 0) & (tokens_N < vocab)
+  safe_N = jnp.where(in_vocab_N, tokens_N, 0)
+  off_argmax_N = tokens_N != best_R[parents_N + 1]
+
+  def visit(state, node):
+    current, p_V, count, exceptions, path_D = state
+    q_V = q_RxV[current + 1]
+    tok = safe_N[node]
+    candidate = (parents_N[node] == current) & (count < depth) & in_vocab_N[node]
+    accept = candidate & (u_N[node] * q_V[tok] < p_V[tok])
+    p_V = jnp.where(accept, p_RxV[node + 1],
+                    jnp.where(candidate, _residual(p_V, q_V), p_V))
+    path_D = jnp.where(accept, path_D.at[count].set(node), path_D)
+    return (jnp.where(accept, node, current), p_V, count + accept,
+            exceptions + (accept & off_argmax_N[node]), path_D), None
+
+  init = (jnp.int32(-1), p_RxV[0], jnp.int32(0), jnp.int32(0),
+          jnp.full((depth,), -1, jnp.int32))
+  (_, p_V, count, exceptions, path_D), _ = lax.scan(visit, init,
+                                                    jnp.arange(n, dtype=jnp.int32))
+  return path_D, count, _draw(p_V, gumbel_V), exceptions
+
+
+@functools.partial(jax.jit, static_argnames=("depth", "temperature", "top_k", "top_p"))
+def _tree_core(tokens_BxN, parents_BxN, draft_logits_BxNxV, target_logits_BxRxV, key, depth,
+               temperature, top_k, top_p):
+  b, n = tokens_BxN.shape
+  p_BxRxV = _filtered_probs(target_logits_BxRxV, temperature, top_k, top_p)
+  q_BxNxV = _filtered_probs(draft_logits_BxNxV, temperature, top_k, top_p)
+  u_BxN, gumbel_BxV = _noise(key, b, n, target_logits_BxRxV.shape[-1])
+  best_BxR, _, _ = target_argmax(target_logits_BxRxV)
+  row = functools.partial(_tree_row, depth=depth)
+  path_BxD, accepted_B, next_B, exceptions_B = jax.vmap(row)(
+      tokens_BxN, parents_BxN, p_BxRxV, q_BxNxV, best_BxR, u_BxN, gumbel_BxV)
+  nonfinite_B = _nonfinite(target_logits_BxRxV, draft_logits_BxNxV)
+  return TreeVerifyOutput(
+      path=jnp.where(nonfinite_B[:, None], -1, path_BxD),
+      num_accepted=jnp.where(nonfinite_B, 0, accepted_B),
+      next_token=jnp.where(nonfinite_B, NONFINITE_TOKEN, next_B),
+      spent=jnp.zeros((b,), jnp.float32),
+      num_exceptions=jnp.where(nonfinite_B, 0, exceptions_B),
+      nonfinite=nonfinite_B,
+  )
+
+
+def _check_key(key):
+  key = checks.as_array(key, "key")
+  if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+    if key.ndim == 0:
+      return key
+  elif key.dtype == jnp.uint32 and key.ndim == 1:
+    return key
+  raise TypeError(f"key must be one PRNG key (jax.random.key or PRNGKey), got "
+                  f"{key.dtype}{tuple(key.shape)}")
+
+
+def speculative_sample(draft_tokens, draft_logits, target_logits, key, *,
+                       temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                       check_values: bool = True) -> VerifyOutput:
+  """Lossless chain speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
+
+  Args:
+    draft_tokens: int[B, K], x_i drawn from the filtered draft_logits[:, i].
+    draft_logits: float[B, K, V] the draft's logits for each position.
+    target_logits: float[B, K+1, V] (row K is the bonus row).
+    key: one PRNG key for the whole batch.
+    temperature, top_k, top_p: static filters applied to both distributions.
+    check_values: check ids on concrete inputs (skipped under jit).
+
+  Returns:
+    VerifyOutput: the committed x_{<a} + next_token are distributed exactly as the filtered
+    target would sample them. spent is zeros (no ledger); num_exceptions counts accepted
+    tokens that differ from the target argmax; nonfinite flags rows whose target or draft
+    logits are not finite.
+  """
+  temperature, top_k, top_p = _check_filters(temperature, top_k, top_p)
+  draft, z, vocab = checks.block(draft_tokens, target_logits)
+  b, k = draft.shape
+  zq = checks.logits(draft_logits, "draft_logits", (b, k, vocab))
+  checks.token_range(draft, vocab, "draft_tokens", check_values)
+  return _chain_core(draft, zq, z, _check_key(key), temperature=temperature, top_k=top_k,
+                     top_p=top_p)
+
+
+def tree_speculative_sample(tree_tokens, parents, draft_logits, target_logits, key, *,
+                            temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                            max_depth=None, check_values: bool = True) -> TreeVerifyOutput:
+  """Lossless tree (multi-draft) speculative sampling by recursive rejection sampling.
+
+  Args:
+    tree_tokens: int[B, N]; parents: int[B, N] (layout of tree_verify.py); the children of
+      each node must be i.i.d. draws from the filtered draft distribution at that node.
+    draft_logits: float[B, N, V]; row 0 is the draft at the root, row n+1 after node n.
+    target_logits: float[B, N+1, V]; row 0 at the root, row n+1 after node n.
+    key, temperature, top_k, top_p, check_values: as `speculative_sample`.
+    max_depth: static path length D of the output (default N).
+
+  Returns:
+    TreeVerifyOutput: the accepted path and next_token, distributed exactly as the filtered
+    target would sample them. A chain given as a tree gives the same result as
+    `speculative_sample` with the same key.
+  """
+  temperature, top_k, top_p = _check_filters(temperature, top_k, top_p)
+  toks, par, z, vocab, depth = checks.tree(tree_tokens, parents, target_logits, max_depth,
+                                           check_values)
+  b, n = toks.shape
+  zq = checks.logits(draft_logits, "draft_logits", (b, n, vocab))
+  checks.token_range(toks, vocab, "tree_tokens", check_values)
+  return _tree_core(toks, par, zq, z, _check_key(key), depth=depth, temperature=temperature,
+                    top_k=top_k, top_p=top_p)
