@@ -123,8 +123,12 @@ def load_checkpoint(name_or_path: str | os.PathLike, cache: bool = True
 
   start = time.perf_counter()
   config, tensors = load_gguf(resolved.path)
-  write_atomically(folder, lambda tmp: save_hf_folder(tmp, config, tensors))
-  log.info("converted %s to %s in %.1f s", resolved.path, folder, time.perf_counter() - start)
+  try:
+    write_atomically(folder, lambda tmp: save_hf_folder(tmp, config, tensors))
+  except OSError as e:  # read-only or full disk: the tensors are still good, only slower next time
+    log.warning("could not cache the conversion of %s in %s: %s", resolved.path, folder, e)
+  else:
+    log.info("converted %s to %s in %.1f s", resolved.path, folder, time.perf_counter() - start)
   return config, tensors
 
 

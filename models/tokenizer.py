@@ -7,12 +7,15 @@ Only local files are read: there is no model hub at run time.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from models.errors import CheckpointError
 from models.registry import cache_entry_dir, resolve_checkpoint, write_atomically
+
+log = logging.getLogger(__name__)
 
 # The cache folder is renamed into place whole, so this file's presence means a usable folder
 # (save_pretrained writes it in transformers 4.x and 5.x).
@@ -36,7 +39,10 @@ def load_tokenizer(name_or_path: str | os.PathLike, cache: bool = True):
   tokenizer = AutoTokenizer.from_pretrained(
       resolved.tokenizer_dir, gguf_file=resolved.tokenizer_gguf_file, local_files_only=True)
   if folder is not None:
-    write_atomically(folder, tokenizer.save_pretrained)
+    try:
+      write_atomically(folder, tokenizer.save_pretrained)
+    except OSError as e:  # an unwritable cache only costs speed next time
+      log.warning("could not cache the tokenizer of %s in %s: %s", resolved.path, folder, e)
   return tokenizer
 
 
