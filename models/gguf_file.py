@@ -84,10 +84,11 @@ def load_gguf(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, np.nda
       continue
     hf_name = _hf_name(t.name, path)
     w = _dequantize(t, path)
-    if permuted and t.name.endswith(".attn_q.weight"):
-      w = _unpermute_rows(w, n_heads)
-    elif permuted and t.name.endswith(".attn_k.weight"):
-      w = _unpermute_rows(w, n_kv_heads)
+    # llama.cpp permutes q/k biases too (attention_bias=True llamas), with the same rows.
+    if permuted and t.name.endswith((".attn_q.weight", ".attn_q.bias")):
+      w = _unpermute_rows(w, n_heads, t.name, path)
+    elif permuted and t.name.endswith((".attn_k.weight", ".attn_k.bias")):
+      w = _unpermute_rows(w, n_kv_heads, t.name, path)
     tensors[hf_name] = w
   return config, tensors
 
@@ -218,7 +219,7 @@ def _dequantize(t, path) -> np.ndarray:
   return np.asarray(w, dtype=np.float32)
 
 
-def _unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+def _unpermute_rows(w: np.ndarray, n_head: int, name: str, path) -> np.ndarray:
   """Inverse of llama.cpp `LlamaModel.permute`.
 
   llama.cpp: w.reshape(n_head, 2, R // n_head // 2, *rest).swapaxes(1, 2).reshape(w.shape),
@@ -227,7 +228,8 @@ def _unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
   """
   rows = w.shape[0]
   if rows % (2 * n_head):
-    raise CheckpointError(f"Q/K tensor with {rows} rows is not divisible into {n_head} heads")
+    raise CheckpointError(f"{path}: tensor {name!r} has {rows} rows, not {n_head} heads of "
+                          "an even size")
   return (w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:])
           .swapaxes(1, 2).reshape(w.shape))
 

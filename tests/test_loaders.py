@@ -47,10 +47,10 @@ def _private_cache(tmp_path, monkeypatch):
   monkeypatch.setenv(registry.CACHE_ENV, str(tmp_path / "cache"))
 
 
-def tiny_model(arch, tie=False, seed=0):
+def tiny_model(arch, tie=False, seed=0, **overrides):
   config_cls, model_cls, extra = ARCHS[arch]
   torch.manual_seed(seed)
-  model = model_cls(config_cls(**TINY, **extra, tie_word_embeddings=tie)).eval()
+  model = model_cls(config_cls(**TINY, **extra, **overrides, tie_word_embeddings=tie)).eval()
   with torch.no_grad():  # norms init to ones; randomise so a swapped norm cannot pass
     for name, p in model.named_parameters():
       if "norm" in name or name.endswith(".bias"):
@@ -109,7 +109,7 @@ def sharded_folder(tmp_path):
   return tmp_path, index["weight_map"]
 
 
-def test_hf_folder_errors(tmp_path, sharded_folder):
+def test_hf_folder_errors(tmp_path):
   with pytest.raises(CheckpointError, match="does not exist"):
     load_hf_folder(tmp_path / "nope")
   empty = tmp_path / "empty"
@@ -191,9 +191,9 @@ def write_gguf(path, model, arch, qtypes=None, extra_tensors=None, rope_theta=No
       continue
     base, suffix = hf_name.rsplit(".", 1)
     name = name_map.get_name(base) + "." + suffix
-    if arch == "llama" and name.endswith("attn_q.weight"):
+    if arch == "llama" and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
       value = llama_cpp_permute(value, cfg.num_attention_heads)
-    elif arch == "llama" and name.endswith("attn_k.weight"):
+    elif arch == "llama" and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
       value = llama_cpp_permute(value, cfg.num_key_value_heads)
     qtype = (qtypes or {}).get(hf_name)
     if qtype is None:
@@ -226,6 +226,13 @@ def test_gguf_gives_back_hf_tensors(tmp_path, arch):
     expected_value = getattr(cfg, key, cfg.hidden_size // cfg.num_attention_heads)
     assert config[key] == expected_value, key  # Qwen2Config has no head_dim attribute
   assert config["rope_theta"] == 10000.0
+
+
+def test_gguf_llama_with_attention_bias(tmp_path):
+  model = tiny_model("llama", attention_bias=True)
+  config, tensors = load_gguf(write_gguf(tmp_path / "m.gguf", model, "llama"))
+  assert config["attention_bias"] is True
+  assert_same_tensors(tensors, state_dict_np(model))
 
 
 def test_gguf_quantised_tensors_dequantise(tmp_path):
