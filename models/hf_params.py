@@ -81,8 +81,8 @@ def decoder_from_hf_tensors(cfg: ModelConfig, tensors: Mapping[str, np.ndarray],
     if tuple(value.shape) != tuple(var.shape):
       raise CheckpointError(f"{source}: tensor {hf_name!r} has shape {tuple(value.shape)}, "
                             f"this config expects {tuple(var.shape)} (checkpoint of another model?)")
-    var.value = jnp.asarray(value, dtype)
-  model.inv_freq.value = _inv_freq(cfg)
+    var.set_value(jnp.asarray(value, dtype))
+  model.inv_freq.set_value(_inv_freq(cfg))
   return model
 
 
