@@ -55,13 +55,42 @@ def flax_from_hf(model, dtype: str = "float32"):
 
 
 def random_decoder(seed: int = 0, vocab: int = VOCAB, num_layers: int = 2, hidden: int = 64,
-                   dtype: str = "float32"):
-  """A random Flax decoder without torch (for engine tests)."""
+                   dtype: str = "float32", tie_embeddings: bool = False):
+  """A random Flax decoder without torch (engine tests), initialised at unit scale.
+
+  The default 0.02 init makes every tiny model predict "repeat the last token", so any two of
+  them agree perfectly; unit-scale weights give chaotic, model-specific predictions.
+  """
+  import flax.nnx as nnx
+  import jax
   from models.llama import init_decoder
   cfg = ModelConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
                     num_layers=num_layers, num_heads=4, num_kv_heads=2, head_dim=hidden // 4,
-                    rms_norm_eps=1e-6, dtype=dtype)
-  return init_decoder(cfg, seed)
+                    rms_norm_eps=1e-6, dtype=dtype, tie_embeddings=tie_embeddings)
+  model = init_decoder(cfg, seed)
+  keys = iter(jax.random.split(jax.random.key(seed + 1000), 1000))
+  for path, var in nnx.iter_graph(model):
+    if isinstance(var, nnx.Param) and var.ndim == 2:
+      fan_in = var.shape[1] if path[-1] == "embedding" else var.shape[0]
+      scale = 1.0 if path[-1] == "embedding" else fan_in ** -0.5
+      var.set_value(scale * jax.random.normal(next(keys), var.shape, var.dtype))
+  return model
+
+
+def perturbed_copy(model, noise: float, seed: int = 1):
+  """A drafter that partly agrees with `model`: the same weights plus Gaussian noise."""
+  import flax.nnx as nnx
+  import jax
+  graphdef, state = nnx.split(model)
+  keys = iter(jax.random.split(jax.random.key(seed), 10000))
+  state = jax.tree_util.tree_map(
+      lambda x: x + noise * jnp_std(x) * jax.random.normal(next(keys), x.shape, x.dtype)
+      if x.ndim == 2 else x, state)
+  return nnx.merge(graphdef, state)
+
+
+def jnp_std(x):
+  return float(np.std(np.asarray(x)))
 
 
 def random_prompts(rng: np.random.RandomState, batch: int, max_len: int, vocab: int = VOCAB):

@@ -1,0 +1,78 @@
+"""The contract between the speculative decode loop and a chain drafter, plus the first drafter:
+any language model (a small standalone LM, or the target itself as a self-draft).
+
+Shape notation: B rows, T prompt width, K draft block length, V vocab.
+
+Position bookkeeping shared with the engine: before a round a row has committed n tokens
+(prompt included; the token at position n-1 is the newest). Target and drafter caches hold
+valid entries for positions 0..n-2. `propose` receives the committed tokens at positions n-2
+and n-1: feeding both (rather than only n-1) re-writes an entry that is already right and
+fills the one entry a fully accepted block leaves missing (the last draft token is proposed
+but never fed), so the drafter never needs a catch-up step, and its first forward has two rows,
+which avoids XLA's slower single-row matmul path on CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from asd_jax.lm_api import LanguageModelFns
+from asd_jax.sampling import SamplingConfig, select_token
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ChainDrafter:
+  """Pure functions of a chain drafter. Hashes by identity (a static jit argument).
+
+  prefill(params, prompt_BxT, lengths_B, capacity) -> state
+  propose(params, state, recent_Bx2, positions_Bx2, rng, sampling)
+      -> (draft_BxK int32, draft_logits_BxKxV float32 or None when sampling is greedy, state)
+  """
+
+  prefill: Callable[..., Any]
+  propose: Callable[..., tuple[jax.Array, Any, Any]]
+  num_draft: int
+  vocab_size: int
+  name: str = "drafter"
+
+  def __post_init__(self):
+    if isinstance(self.num_draft, bool) or int(self.num_draft) != self.num_draft or self.num_draft <= 0:
+      raise ValueError(f"K (draft block length) must be a positive integer, got {self.num_draft!r}")
+
+
+def lm_chain_drafter(fns: LanguageModelFns, num_draft: int) -> ChainDrafter:
+  """A drafter that runs a language model autoregressively for K tokens (its own KV cache)."""
+
+  def prefill(params, prompt_BxT, lengths_B, capacity):
+    cache = fns.init_cache(prompt_BxT.shape[0], capacity)
+    _, _, cache = fns.prefill(params, prompt_BxT, lengths_B, cache)
+    return cache
+
+  def propose(params, cache, recent_Bx2, positions_Bx2, rng, sampling: SamplingConfig):
+    logits_Bx2xV, _, cache = fns.forward(params, recent_Bx2, positions_Bx2, cache)
+    keys = jax.random.split(rng, num_draft)
+    first_logits_BxV = logits_Bx2xV[:, 1]
+    first_B = select_token(first_logits_BxV, keys[0], sampling)
+
+    def step(carry, key):
+      token_B, position_B, cache = carry
+      logits_Bx1xV, _, cache = fns.forward(params, token_B[:, None], position_B[:, None], cache)
+      nxt_B = select_token(logits_Bx1xV[:, 0], key, sampling)
+      out = (nxt_B, None if sampling.greedy else logits_Bx1xV[:, 0])
+      return (nxt_B, position_B + 1, cache), out
+
+    (_, _, cache), (rest_KxB, rest_logits) = jax.lax.scan(
+        step, (first_B, positions_Bx2[:, 1] + 1, cache), keys[1:])
+    draft_BxK = jnp.concatenate([first_B[:, None], rest_KxB.T], axis=1)
+    draft_logits = None
+    if not sampling.greedy:
+      draft_logits = jnp.concatenate(
+          [first_logits_BxV[:, None], jnp.moveaxis(rest_logits, 0, 1)], axis=1)
+    return draft_BxK, draft_logits, cache
+
+  return ChainDrafter(prefill=prefill, propose=propose, num_draft=int(num_draft),
+                      vocab_size=fns.vocab_size, name=fns.name)

@@ -1,0 +1,252 @@
+"""`asd_decode`: speculative decoding on device, chain drafting, batch >= 1.
+
+One jitted program: prefill (target and drafter), then a `lax.while_loop` of rounds. Each round
+the drafter proposes K tokens per row, the target scores K+1 positions in one forward, the rule
+(strict greedy, ASD, or lossless sampling) decides per row, and each row commits its accepted
+prefix plus one target token. Caches are rewound implicitly: slot == position, and a row's
+position pointer only advances by what it committed (see drafter_api for the bookkeeping).
+The ASD regret ledger is one float per request in the loop state, for the whole request.
+
+Shape notation: B rows, T prompt width, K draft block length, V vocab,
+W = max_new_tokens + K + 1 (output buffer with room for one round's overshoot).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from asd_jax import request_checks
+from asd_jax.asd_config import ASDConfig
+from asd_jax.asd_verify import _asd_core as asd_verify_core
+from asd_jax.decode_stats import DecodeStats
+from asd_jax.drafter_api import ChainDrafter
+from asd_jax.greedy_verify import greedy_verify
+from asd_jax.lm_api import LanguageModelFns
+from asd_jax.plain_decode import CAPACITY_BUCKET
+from asd_jax.sampling import SamplingConfig, select_token
+from asd_jax.spec_sampling import speculative_sample
+
+RULES = ("strict", "asd", "sample")
+
+
+@flax.struct.dataclass
+class SpecDecodeResult:
+  """tokens_BxN (-1 past num_generated_B), num_generated_B, nonfinite_B (row stopped on NaN/inf
+  logits without emitting the bad token), stats (DecodeStats)."""
+
+  tokens_BxN: jax.Array
+  num_generated_B: jax.Array
+  nonfinite_B: jax.Array
+  stats: DecodeStats
+
+
+@flax.struct.dataclass
+class _RoundState:
+  round: jax.Array
+  tokens_BxW: jax.Array
+  num_generated_B: jax.Array
+  committed_B: jax.Array  # n: committed length including the prompt
+  recent_Bx2: jax.Array  # committed tokens at positions n-2, n-1
+  done_B: jax.Array
+  nonfinite_B: jax.Array
+  stats: DecodeStats
+  target_cache: object
+  drafter_state: object
+  rng: jax.Array
+
+
+def _commit(state: _RoundState, draft_BxK, verdict, max_new_B, eos_ids) -> _RoundState:
+  """Appends x_{<a} + next_token to each active row; EOS and max_new_B truncate."""
+  b, k = draft_BxK.shape
+  active_B = ~state.done_B & ~verdict.nonfinite
+  a_B = verdict.num_accepted
+  j_K1 = jnp.arange(k + 1)
+  block_BxK1 = jnp.concatenate([draft_BxK, jnp.zeros((b, 1), jnp.int32)], axis=1)
+  block_BxK1 = jnp.where(j_K1[None] == a_B[:, None], verdict.next_token[:, None], block_BxK1)
+  in_block_BxK1 = j_K1[None] <= a_B[:, None]
+
+  count_B = a_B + 1
+  if eos_ids:
+    is_eos_BxK1 = in_block_BxK1 & jnp.isin(block_BxK1, jnp.asarray(eos_ids, jnp.int32))
+    hit_B = is_eos_BxK1.any(axis=1)
+    count_B = jnp.where(hit_B, jnp.argmax(is_eos_BxK1, axis=1) + 1, count_B)
+  else:
+    hit_B = jnp.zeros((b,), bool)
+  count_B = jnp.minimum(count_B, max_new_B - state.num_generated_B)
+  count_B = jnp.where(active_B, count_B, 0)
+
+  rows_Bx1 = jnp.arange(b)[:, None]
+  cols_BxK1 = state.num_generated_B[:, None] + j_K1[None]
+  cols_BxK1 = jnp.where(j_K1[None] < count_B[:, None], cols_BxK1, state.tokens_BxW.shape[1])
+  tokens_BxW = state.tokens_BxW.at[rows_Bx1, cols_BxK1].set(block_BxK1, mode="drop")
+  num_generated_B = state.num_generated_B + count_B
+
+  # The caches hold everything up to the accepted draft; the next round re-feeds the last two.
+  before_last_B = jnp.where(a_B > 0, jnp.take_along_axis(
+      draft_BxK, jnp.maximum(a_B - 1, 0)[:, None], axis=1)[:, 0], state.recent_Bx2[:, 1])
+  recent_Bx2 = jnp.where(active_B[:, None],
+                         jnp.stack([before_last_B, verdict.next_token], axis=1), state.recent_Bx2)
+  committed_B = jnp.where(active_B, state.committed_B + a_B + 1, state.committed_B)
+
+  live_B = ~state.done_B
+  s = state.stats
+  stats = DecodeStats(
+      rounds_B=s.rounds_B + live_B,
+      accepted_B=s.accepted_B + jnp.where(active_B, a_B, 0),
+      accepted_per_position_BxK=s.accepted_per_position_BxK
+      + ((jnp.arange(k)[None] < a_B[:, None]) & active_B[:, None]),
+      asd_exceptions_B=s.asd_exceptions_B + jnp.where(active_B, verdict.num_exceptions, 0),
+      asd_spent_B=jnp.where(active_B, verdict.spent, s.asd_spent_B),
+  )
+  nonfinite_B = state.nonfinite_B | (live_B & verdict.nonfinite)
+  done_B = state.done_B | nonfinite_B | (active_B & hit_B) | (num_generated_B >= max_new_B)
+  return state.replace(tokens_BxW=tokens_BxW, num_generated_B=num_generated_B,
+                       committed_B=committed_B, recent_Bx2=recent_Bx2, done_B=done_B,
+                       nonfinite_B=nonfinite_B, stats=stats)
+
+
+def _verify(rule, draft_BxK, draft_logits, target_logits_BxK1xV, spent_B, asd_scalars, key,
+            sampling: SamplingConfig, normalize_q: bool):
+  if rule == "strict":
+    return greedy_verify(draft_BxK, target_logits_BxK1xV, spent_B, check_values=False)
+  if rule == "asd":
+    budget, gate, max_exceptions = asd_scalars
+    # Traced settings: a budget sweep reuses one compiled program. They were validated as a
+    # concrete ASDConfig at the Python boundary.
+    return asd_verify_core(draft_BxK, target_logits_BxK1xV, spent_B, budget, gate,
+                           max_exceptions, normalize_q=normalize_q)
+  verdict = speculative_sample(draft_BxK, draft_logits, target_logits_BxK1xV, key,
+                               temperature=sampling.temperature, top_k=sampling.top_k,
+                               top_p=sampling.top_p, check_values=False)
+  return verdict._replace(spent=spent_B)
+
+
+@functools.partial(jax.jit, static_argnames=(
+    "target", "drafter", "rule", "sampling", "normalize_q", "max_new_tokens", "capacity",
+    "eos_ids"))
+def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, drafter_params,
+                prompt_BxT, lengths_B, max_new_B, asd_scalars, rng, *, rule: str,
+                sampling: SamplingConfig, normalize_q: bool, max_new_tokens: int, capacity: int,
+                eos_ids: tuple[int, ...]) -> SpecDecodeResult:
+  b = prompt_BxT.shape[0]
+  k = drafter.num_draft
+  target_cache = target.init_cache(b, capacity)
+  first_logits_BxV, _, target_cache = target.prefill(target_params, prompt_BxT, lengths_B,
+                                                     target_cache)
+  drafter_state = drafter.prefill(drafter_params, prompt_BxT, lengths_B, capacity)
+  rng, sub = jax.random.split(rng)
+  first_B = select_token(first_logits_BxV, sub, sampling)
+  first_ok_B = jnp.isfinite(first_logits_BxV).all(axis=-1)
+  last_prompt_B = jnp.take_along_axis(prompt_BxT, (lengths_B - 1)[:, None], axis=1)[:, 0]
+
+  width = max_new_tokens + k + 1
+  emit_B = first_ok_B & (max_new_B > 0)
+  tokens_BxW = jnp.full((b, width), -1, jnp.int32).at[:, 0].set(jnp.where(emit_B, first_B, -1))
+  num_generated_B = emit_B.astype(jnp.int32)
+  first_eos_B = jnp.isin(first_B, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else False
+  zeros_B = jnp.zeros((b,), jnp.int32)
+  state = _RoundState(
+      round=jnp.zeros((), jnp.int32),
+      tokens_BxW=tokens_BxW,
+      num_generated_B=num_generated_B,
+      committed_B=lengths_B + 1,
+      recent_Bx2=jnp.stack([last_prompt_B, first_B], axis=1),
+      done_B=~emit_B | (emit_B & first_eos_B) | (num_generated_B >= max_new_B),
+      nonfinite_B=~first_ok_B,
+      stats=DecodeStats(rounds_B=zeros_B, accepted_B=zeros_B,
+                        accepted_per_position_BxK=jnp.zeros((b, k), jnp.int32),
+                        asd_exceptions_B=zeros_B, asd_spent_B=jnp.zeros((b,), jnp.float32)),
+      target_cache=target_cache, drafter_state=drafter_state, rng=rng)
+
+  def cond(s: _RoundState):
+    # Every active row commits >= 1 token per round, so max_new_tokens rounds always suffice.
+    return ~jnp.all(s.done_B) & (s.round < max_new_tokens)
+
+  def body(s: _RoundState):
+    rng, k_draft, k_verify = jax.random.split(s.rng, 3)
+    positions_Bx2 = s.committed_B[:, None] + jnp.array([-2, -1])
+    draft_BxK, draft_logits, drafter_state = drafter.propose(
+        drafter_params, s.drafter_state, s.recent_Bx2, positions_Bx2, k_draft, sampling)
+    block_BxK1 = jnp.concatenate([s.recent_Bx2[:, 1:], draft_BxK], axis=1)
+    positions_BxK1 = s.committed_B[:, None] - 1 + jnp.arange(k + 1)
+    target_logits, _, target_cache = target.forward(target_params, block_BxK1, positions_BxK1,
+                                                    s.target_cache)
+    verdict = _verify(rule, draft_BxK, draft_logits, target_logits, s.stats.asd_spent_B,
+                      asd_scalars, k_verify, sampling, normalize_q)
+    s = s.replace(round=s.round + 1, target_cache=target_cache, drafter_state=drafter_state,
+                  rng=rng)
+    return _commit(s, draft_BxK, verdict, max_new_B, eos_ids)
+
+  state = jax.lax.while_loop(cond, body, state)
+  keep_BxN = jnp.arange(max_new_tokens)[None] < state.num_generated_B[:, None]
+  tokens_BxN = jnp.where(keep_BxN, state.tokens_BxW[:, :max_new_tokens], -1)
+  return SpecDecodeResult(tokens_BxN=tokens_BxN, num_generated_B=state.num_generated_B,
+                          nonfinite_B=state.nonfinite_B, stats=state.stats)
+
+
+def required_capacity(prompt_width: int, max_new_tokens: int, num_draft: int) -> int:
+  """Cache slots a request needs: prompt + output + one block's look-ahead (+1 spare)."""
+  return prompt_width + max_new_tokens + num_draft + 1
+
+
+def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, drafter_params,
+               prompt_BxT, lengths_B, *, max_new_tokens: int, rule: str = "strict",
+               asd_config: ASDConfig = ASDConfig(budget=8.0, gate=0.25, max_exceptions=2),
+               sampling: SamplingConfig = SamplingConfig(), eos_ids=(), seed: int = 0,
+               max_new_B=None, capacity: int | None = None) -> SpecDecodeResult:
+  """Speculative decoding with chain drafting (jitted; one call per batch of requests).
+
+  Args:
+    target, target_params: the target model's pure functions and parameters.
+    drafter, drafter_params: a `ChainDrafter` (K = drafter.num_draft) and its parameters.
+    prompt_BxT, lengths_B: right-padded prompts (each >= 1 token).
+    max_new_tokens: output buffer size (static); max_new_B optionally lowers it per row.
+    rule: "strict" (greedy verification; output == plain greedy decoding), "asd" (ASD with
+      `asd_config`; the ledger persists across rounds for the whole request) or "sample"
+      (lossless speculative sampling with `sampling`; output distributed as plain sampling).
+    eos_ids: a row stops after emitting any of these (kept in the output).
+    capacity: cache slots per row (static); default: required_capacity rounded up to 64.
+
+  Returns:
+    SpecDecodeResult with tokens, lengths, non-finite flags and DecodeStats.
+  """
+  if rule not in RULES:
+    raise ValueError(f"unknown rule {rule!r}; choose one of {RULES}")
+  if not isinstance(drafter, ChainDrafter):
+    raise TypeError(f"drafter must be a ChainDrafter, got {type(drafter).__name__}")
+  if drafter.vocab_size != target.vocab_size:
+    raise ValueError(f"drafter vocabulary ({drafter.vocab_size}) differs from the target's "
+                     f"({target.vocab_size}); a chain drafter must share the target's tokenizer")
+  if rule in ("strict", "asd") and not sampling.greedy:
+    raise ValueError(f"rule {rule!r} is greedy (temperature 0); use rule='sample' for "
+                     f"temperature {sampling.temperature}")
+  if not isinstance(asd_config, ASDConfig):
+    raise TypeError(f"asd_config must be an ASDConfig, got {type(asd_config).__name__}")
+  if not (math.isfinite(asd_config.budget) and math.isfinite(asd_config.gate)):
+    raise ValueError("ASD budget and gate must be finite")
+  prompt, lengths = request_checks.check_prompts(prompt_BxT, lengths_B, target.vocab_size)
+  max_new_tokens = request_checks.check_positive_int("max_new_tokens", max_new_tokens)
+  eos_ids = request_checks.check_eos_ids(eos_ids, target.vocab_size)
+  needed = required_capacity(prompt.shape[1], max_new_tokens, drafter.num_draft)
+  if capacity is None:
+    capacity = request_checks.round_up(needed, CAPACITY_BUCKET)
+  request_checks.check_capacity(capacity, needed, f"prompt + max_new_tokens + K + 1 "
+                                f"(K={drafter.num_draft})")
+  if max_new_B is None:
+    max_new_B = np.full((prompt.shape[0],), max_new_tokens, np.int32)
+  max_new_B = np.asarray(max_new_B, np.int32)
+  if (max_new_B > max_new_tokens).any() or (max_new_B < 0).any():
+    raise ValueError(f"max_new_B must be in [0, {max_new_tokens}], got {max_new_B.tolist()}")
+  asd_scalars = (np.float32(asd_config.budget), np.float32(asd_config.gate),
+                 np.int32(asd_config.max_exceptions))
+  return _asd_decode(target, target_params, drafter, drafter_params, jnp.asarray(prompt),
+                     jnp.asarray(lengths), jnp.asarray(max_new_B), asd_scalars,
+                     jax.random.key(seed), rule=rule, sampling=sampling,
+                     normalize_q=asd_config.normalize_q, max_new_tokens=max_new_tokens,
+                     capacity=int(capacity), eos_ids=eos_ids)
