@@ -15,18 +15,54 @@ from asd_jax import verify_checks as checks
 from asd_jax.verify_output import NONFINITE_TOKEN, VerifyOutput
 
 
+_CHUNK = 256
+
+
+def first_argmax(x_xV):
+  """jnp.argmax over the last axis (first maximum on ties), int32, and the maximum, float32.
+
+  XLA:CPU lowers argmax to a scalar (value, index) reduction that is 10-100x slower than a
+  plain max; reducing chunks of 256 with max, then taking argmax over the chunk maxima and
+  inside the one winning chunk, reads the logits once at full speed. Same result: the first
+  chunk holding the maximum holds its first occurrence. Rows holding a NaN get an unspecified
+  answer (XLA:CPU's vectorised max does not propagate NaN reliably); detect them apart, as
+  `target_argmax` does.
+  """
+  vocab = x_xV.shape[-1]
+  if vocab < 2 * _CHUNK:
+    best = jnp.argmax(x_xV, axis=-1).astype(jnp.int32)
+    top = jnp.take_along_axis(x_xV, best[..., None], axis=-1)[..., 0]
+    return best, top.astype(jnp.float32)
+  main = vocab - vocab % _CHUNK
+  chunks_xCxH = x_xV[..., :main].reshape(x_xV.shape[:-1] + (main // _CHUNK, _CHUNK))
+  chunk_max_xC = jnp.max(chunks_xCxH, axis=-1)
+  win_x = jnp.argmax(chunk_max_xC, axis=-1).astype(jnp.int32)
+  top_x = jnp.take_along_axis(chunk_max_xC, win_x[..., None], axis=-1)[..., 0]
+  inside_xH = jnp.take_along_axis(chunks_xCxH, win_x[..., None, None], axis=-2)[..., 0, :]
+  best_x = win_x * _CHUNK + jnp.argmax(inside_xH, axis=-1).astype(jnp.int32)
+  if main < vocab:
+    tail_xT = x_xV[..., main:]
+    tail_best_x = jnp.argmax(tail_xT, axis=-1).astype(jnp.int32)
+    tail_top_x = jnp.take_along_axis(tail_xT, tail_best_x[..., None], axis=-1)[..., 0]
+    # The tail comes later: it wins only with a strictly larger value, or a NaN first seen.
+    tail_wins = (tail_top_x > top_x) | (jnp.isnan(tail_top_x) & ~jnp.isnan(top_x))
+    best_x = jnp.where(tail_wins, main + tail_best_x, best_x)
+    top_x = jnp.where(tail_wins, tail_top_x, top_x)
+  return best_x, top_x.astype(jnp.float32)
+
+
 def target_argmax(logits_BxRxV):
   """Target greedy choices and their logits, one per row; shared by every greedy-type rule.
 
   Returns (best_BxR int32 first maximum on ties, top_BxR float32 its logit, nonfinite_B).
-  Reading the max through the argmax costs a gather of R values instead of a second pass over
-  V; jnp.argmax points at a NaN or +inf when there is one and at -inf when the whole row is
-  -inf, so a non-finite `top` flags exactly the rows without a usable maximum.
+  nonfinite_B flags rows without a usable maximum in some logits row: a NaN anywhere, a +inf
+  (then top is +inf) or a row that is -inf throughout (then top is -inf). Isolated -inf
+  entries are fine.
   """
-  best_BxR = jnp.argmax(logits_BxRxV, axis=-1).astype(jnp.int32)
-  top_BxR = jnp.take_along_axis(logits_BxRxV, best_BxR[..., None], axis=-1)[..., 0]
-  top_BxR = top_BxR.astype(jnp.float32)
-  nonfinite_B = ~jnp.all(jnp.isfinite(top_BxR), axis=-1)
+  best_BxR, top_BxR = first_argmax(logits_BxRxV)
+  # A sum turns any NaN into NaN in one fused pass; max does not on CPU.
+  nan_BxR = jnp.isnan(jnp.sum(logits_BxRxV, axis=-1, dtype=jnp.float32))
+  nonfinite_B = ~jnp.all(jnp.isfinite(top_BxR) & ~nan_BxR, axis=-1)
   return best_BxR, top_BxR, nonfinite_B
 
 

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from asd_jax import verify_checks as checks
-from asd_jax.greedy_verify import prefix_length, target_argmax
+from asd_jax.greedy_verify import first_argmax, prefix_length, target_argmax
 from asd_jax.verify_output import NONFINITE_TOKEN, TreeVerifyOutput, VerifyOutput
 
 
@@ -79,7 +79,7 @@ def _filtered_probs(logits_xV, temperature: float, top_k: int, top_p: float):
   vocab = logits_xV.shape[-1]
   z_xV = logits_xV.astype(jnp.float32)
   if temperature == 0.0:
-    return jax.nn.one_hot(jnp.argmax(z_xV, axis=-1), vocab, dtype=jnp.float32)
+    return jax.nn.one_hot(first_argmax(z_xV)[0], vocab, dtype=jnp.float32)
   z_xV = z_xV / temperature
   if 0 < top_k < vocab:
     # Keep every logit >= the k-th largest (ties at the boundary included).
@@ -117,7 +117,7 @@ def _noise(key, batch: int, slots: int, vocab: int):
 
 
 def _draw(dist_V, gumbel_V):
-  return jnp.argmax(jnp.log(dist_V) + gumbel_V, axis=-1).astype(jnp.int32)
+  return first_argmax(jnp.log(dist_V) + gumbel_V)[0]
 
 
 def _residual(p_V, q_V):

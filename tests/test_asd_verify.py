@@ -157,6 +157,25 @@ def test_regret_is_float32_for_bf16_logits():
   assert float(out.spent[0]) == 2.9921875
 
 
+@pytest.mark.parametrize("vocab", [511, 512, 1000, 4103])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_fast_argmax_is_jnp_argmax_and_nan_is_flagged(vocab, dtype):
+  # Large vocabularies take the chunked path of `first_argmax`; ties are frequent here.
+  rng = np.random.default_rng(vocab)
+  z = np.round(rng.normal(size=(6, 3, vocab)) * 2).astype(np.float32)
+  z[1, 2, -1] = 50.0                                 # maximum in the tail
+  z[2, 1, rng.integers(vocab)] = np.nan
+  z[3, 0, 0] = -np.nan
+  z[4, 2, -1] = np.nan
+  z = jnp.asarray(z, dtype)
+  best, top, nonfinite = jax.jit(greedy_verify_module.target_argmax)(z)
+  clean = np.array([True, True, False, False, False, True])
+  np.testing.assert_array_equal(np.asarray(best)[clean], np.asarray(jnp.argmax(z, -1))[clean])
+  np.testing.assert_array_equal(np.asarray(top)[clean],
+                                np.asarray(jnp.max(z, -1).astype(jnp.float32))[clean])
+  np.testing.assert_array_equal(np.asarray(nonfinite), ~clean)
+
+
 # --- properties --------------------------------------------------------------------------------
 
 @EXAMPLES
