@@ -5,7 +5,7 @@ The rule of specs/asd.md, for one block per row (i is 0-based):
   y*_i = argmax Z[i]            m_i = x_i != y*_i          r_i = max(0, max Z[i] - Z[i, x_i])
   q_i  = K - i  (or (K - i)/K)  C_i = sum_{j<=i} m_j r_j   N_i = sum_{j<=i} m_j
   ok_i = (not m_i or r_i / q_i <= g)
-         and (not m_i or (C_i - r_i < B - s and C_i <= B - s))
+         and (not m_i or (C_i - r_i < budget - s and C_i <= budget - s))
          and N_i <= M
   a = longest all-true prefix of ok;  commit x_{<a}, then y*_a;  s <- s + C_{a-1}
 

@@ -39,7 +39,15 @@ def tokens(x, name: str, ndim: int = 2):
     raise TypeError(f"{name} must hold integer token ids, got dtype {x.dtype}")
   if x.ndim != ndim:
     raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(x.shape)}")
-  return jnp.asarray(x, jnp.int32) if x.dtype != jnp.int32 else x
+  if x.dtype == jnp.int32:
+    return x
+  if is_concrete(x) and x.size:
+    # Checked before the cast, which would wrap such ids into the vocabulary silently.
+    a = np.asarray(x)
+    info = np.iinfo(np.int32)
+    if a.min() < info.min or a.max() > info.max:
+      raise ValueError(f"{name} holds ids outside the int32 range: min {a.min()}, max {a.max()}")
+  return jnp.asarray(x, jnp.int32)
 
 
 def logits(x, name: str, shape: tuple[int, ...]):

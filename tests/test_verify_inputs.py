@@ -61,6 +61,7 @@ CHAIN_RULES = {
     (DRAFT, LOGITS.astype(np.int32), TypeError, "floating"),
     (np.full((B, K), V, np.int32), LOGITS, ValueError, "outside the vocabulary"),
     (np.full((B, K), -1, np.int32), LOGITS, ValueError, "outside the vocabulary"),
+    (np.full((B, K), 2**32 + 1, np.int64), LOGITS, ValueError, "int32"),
 ])
 def test_chain_rules_reject_bad_blocks(rule, draft, logits, error, match):
   with pytest.raises(error, match=match):
