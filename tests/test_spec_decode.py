@@ -1,0 +1,211 @@
+"""`asd_decode` invariants: strict == plain greedy, ASD ledger, self-draft, batching, errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from asd_jax import spec_decode
+from asd_jax.asd_config import ASDConfig
+from asd_jax.drafter_api import ChainDrafter, lm_chain_drafter
+from asd_jax.plain_decode import plain_decode
+from asd_jax.spec_decode import asd_decode
+from models.lm_fns import decoder_fns
+from tests.fake_lm import fake_lm
+from tests.tiny_models import perturbed_copy, random_decoder, random_prompts
+
+VOCAB = 61
+NEAR_TIE = 1e-4
+_TARGET = random_decoder(seed=0, vocab=VOCAB, num_layers=2)
+_TFNS, _ = decoder_fns(_TARGET)
+_DRAFT_FNS, _ = decoder_fns(random_decoder(seed=1, vocab=VOCAB, num_layers=1))
+_FORWARD = jax.jit(_TFNS.forward)
+
+
+def _pair(seed: int, noise: float = 0.15):
+  """Random target params and a drafter that agrees with it part of the time (same graph)."""
+  target = random_decoder(seed=seed, vocab=VOCAB, num_layers=2)
+  _, tparams = decoder_fns(target)
+  _, dparams = decoder_fns(perturbed_copy(target, noise, seed=seed + 7))
+  return tparams, dparams
+
+
+def _next_logits(tparams, prefix, width=64):
+  """Target logits after `prefix` (one full forward, padded to a fixed width: one compile)."""
+  ids = np.zeros((1, width), np.int32)
+  ids[0, :len(prefix)] = prefix
+  logits = _FORWARD(tparams, jnp.asarray(ids), jnp.arange(width)[None],
+                    _TFNS.init_cache(1, width))[0]
+  return np.asarray(logits[0, len(prefix) - 1])
+
+
+def _margin_at(tparams, prefix):
+  top2 = np.sort(_next_logits(tparams, prefix))[-2:]
+  return float(top2[1] - top2[0])
+
+
+def _assert_equal_up_to_near_ties(tparams, prompt, lengths, got, want):
+  for b in range(prompt.shape[0]):
+    g, w = np.asarray(got[b]), np.asarray(want[b])
+    if np.array_equal(g, w):
+      continue
+    i = int(np.argmax(g != w))
+    prefix = prompt[b, :lengths[b]].tolist() + w[:i].tolist()
+    margin = _margin_at(tparams, prefix)
+    assert margin < NEAR_TIE, f"row {b} differs at {i} with top-2 margin {margin}"
+
+
+# (batch, K) shapes; each runs 7 random target/drafter/prompt draws -> 56 cases per rule.
+SHAPES = [(1, 1), (3, 2), (8, 3), (2, 4), (5, 5), (1, 6), (4, 7), (8, 8)]
+
+
+@pytest.mark.parametrize("batch,k", SHAPES)
+def test_strict_and_asd_budget0_equal_plain_greedy(batch, k):
+  drafter = lm_chain_drafter(_TFNS, k)  # same graph as the target; params differ per case
+  for case in range(7):
+    rng = np.random.RandomState(100 * k + case)
+    tparams, dparams = _pair(seed=10 * k + case)
+    prompt, lengths = random_prompts(rng, batch, 12, VOCAB)
+    want = plain_decode(_TFNS, tparams, prompt, lengths, max_new_tokens=20).tokens_BxN
+    for rule, cfg in (("strict", ASDConfig(8.0, 0.25, 2)), ("asd", ASDConfig(0.0, 0.25, 2))):
+      got = asd_decode(_TFNS, tparams, drafter, dparams, prompt, lengths, max_new_tokens=20,
+                       rule=rule, asd_config=cfg).tokens_BxN
+      _assert_equal_up_to_near_ties(tparams, prompt, lengths, got, want)
+
+
+def test_self_draft_accepts_every_token():
+  tparams = decoder_fns(_TARGET)[1]
+  prompt, lengths = random_prompts(np.random.RandomState(0), 3, 8, VOCAB)
+  for k in (1, 4):
+    out = asd_decode(_TFNS, tparams, lm_chain_drafter(_TFNS, k), tparams, prompt, lengths,
+                     max_new_tokens=23)
+    rounds = np.asarray(out.stats.rounds_B)
+    accepted = np.asarray(out.stats.accepted_B)
+    # Every round but the last accepts all K (the last may be cut by max_new_tokens).
+    assert (accepted >= k * (rounds - 1)).all()
+    assert out.num_generated_B.tolist() == [23, 23, 23]
+
+
+def test_asd_ledger_bounded_and_output_strict_until_first_exception():
+  budget, gate = 3.0, 0.5
+  saw_exception = False
+  drafter = lm_chain_drafter(_TFNS, 4)  # one object: drafters are static jit arguments
+  for seed in range(4):
+    tparams, dparams = _pair(seed=50 + seed, noise=0.3)
+    prompt, lengths = random_prompts(np.random.RandomState(seed), 6, 10, VOCAB)
+    strict = asd_decode(_TFNS, tparams, drafter, dparams, prompt, lengths, max_new_tokens=24)
+    out = asd_decode(_TFNS, tparams, drafter, dparams, prompt, lengths, max_new_tokens=24,
+                     rule="asd", asd_config=ASDConfig(budget, gate, 2))
+    spent = np.asarray(out.stats.asd_spent_B)
+    exceptions = np.asarray(out.stats.asd_exceptions_B)
+    assert (spent <= budget).all() and (spent >= 0).all()
+    assert ((spent > 0) <= (exceptions > 0)).all()
+    for b in range(6):
+      g, s = np.asarray(out.tokens_BxN[b]), np.asarray(strict.tokens_BxN[b])
+      if np.array_equal(g, s):
+        continue
+      saw_exception = True
+      assert exceptions[b] > 0
+      # The first difference is an accepted mismatch whose regret fit the budget and gate.
+      i = int(np.argmax(g != s))
+      prefix = prompt[b, :lengths[b]].tolist() + g[:i].tolist()
+      logits = _next_logits(tparams, prefix)
+      regret = logits.max() - logits[g[i]]
+      assert 0 < regret <= min(budget, gate * 4) + 1e-5
+  assert saw_exception, "no ASD exception in any case; the test lost its power"
+
+
+def test_rows_do_not_depend_on_the_batch():
+  tparams, dparams = _pair(seed=3)
+  prompt, lengths = random_prompts(np.random.RandomState(9), 5, 11, VOCAB)
+  drafter = lm_chain_drafter(_TFNS, 3)
+  for rule in ("strict", "asd"):
+    together = asd_decode(_TFNS, tparams, drafter, dparams, prompt, lengths, max_new_tokens=16,
+                          rule=rule)
+    for b in range(5):
+      alone = asd_decode(_TFNS, tparams, drafter, dparams, prompt[b:b + 1], lengths[b:b + 1],
+                         max_new_tokens=16, rule=rule)
+      np.testing.assert_array_equal(alone.tokens_BxN[0], together.tokens_BxN[b])
+      # Logits of different batch shapes may differ in the last float bits.
+      np.testing.assert_allclose(alone.stats.asd_spent_B[0], together.stats.asd_spent_B[b],
+                                 rtol=1e-5)
+
+
+def test_same_shapes_do_not_retrace():
+  tparams, dparams = _pair(seed=4)
+  drafter = lm_chain_drafter(_TFNS, 2)
+  prompt, lengths = random_prompts(np.random.RandomState(1), 2, 8, VOCAB)
+  asd_decode(_TFNS, tparams, drafter, dparams, prompt, lengths, max_new_tokens=8, rule="asd")
+  before = spec_decode._asd_decode._cache_size()
+  for seed, budget in enumerate((0.0, 2.0, 8.0)):
+    prompt, lengths = random_prompts(np.random.RandomState(seed + 2), 2, 8, VOCAB)
+    asd_decode(_TFNS, tparams, drafter, dparams, prompt, lengths, max_new_tokens=8, rule="asd",
+               asd_config=ASDConfig(budget, 0.5, 2))
+  assert spec_decode._asd_decode._cache_size() == before
+
+
+def test_eos_inside_an_accepted_block_truncates_exactly():
+  target = fake_lm(32)  # predicts token + 1; the identical drafter accepts everything
+  drafter = lm_chain_drafter(fake_lm(32), 4)
+  prompt = np.array([[3, 0], [10, 11]], np.int32)
+  out = asd_decode(target, None, drafter, None, prompt, np.array([1, 2], np.int32),
+                   max_new_tokens=12, eos_ids=(7,))
+  assert out.tokens_BxN[0].tolist() == [4, 5, 6, 7] + [-1] * 8
+  assert out.tokens_BxN[1].tolist() == list(range(12, 24))
+  # Row 1: first token from prefill, then rounds of K + 1 = 5 tokens: 1 + 5 + 5 + 1.
+  assert out.stats.rounds_B.tolist()[1] == 3
+
+
+def test_wrong_drafter_still_gives_target_output():
+  target = fake_lm(32)
+  drafter = lm_chain_drafter(fake_lm(32, shift=2), 3)  # always wrong
+  out = asd_decode(target, None, drafter, None, np.array([[5]]), np.array([1]),
+                   max_new_tokens=6)
+  assert out.tokens_BxN[0].tolist() == [6, 7, 8, 9, 10, 11]
+  assert out.stats.accepted_B.tolist() == [0]
+
+
+def test_nonfinite_target_logits_stop_the_row_without_emitting():
+  target = fake_lm(32, nan_after_position=5)
+  drafter = lm_chain_drafter(fake_lm(32, shift=2), 2)
+  out = asd_decode(target, None, drafter, None, np.array([[1, 2]]), np.array([2]),
+                   max_new_tokens=8)
+  # Prefill (position 1) -> 3; round 1 scores positions 2..4 -> 4 (drafts rejected); round 2
+  # scores positions 3..5 and position 5 is NaN: a block with any non-finite logits stops the
+  # row, accepting and emitting nothing.
+  assert out.tokens_BxN[0].tolist() == [3, 4, -1, -1, -1, -1, -1, -1]
+  assert out.nonfinite_B.tolist() == [True]
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"capacity": 32, "max_new_tokens": 28}, "cache slots"),
+    ({"rule": "fuzzy"}, "unknown rule"),
+    ({"drafter": "vocab"}, "vocabulary"),
+    ({"lengths": np.array([0])}, "empty prompt"),
+    ({"prompt": np.array([[VOCAB + 1, 2]])}, "outside the vocabulary"),
+    ({"max_new_tokens": 0}, "max_new_tokens"),
+    ({"temperature": 0.7}, "greedy"),
+])
+def test_bad_requests_are_refused_before_running(kwargs, match):
+  from asd_jax.sampling import SamplingConfig
+  tparams, dparams = _pair(seed=5)
+  drafter = lm_chain_drafter(_TFNS, 2)
+  if kwargs.pop("drafter", None) == "vocab":
+    small = random_decoder(seed=2, vocab=VOCAB - 1, num_layers=1)
+    fns, dparams = decoder_fns(small)
+    drafter = lm_chain_drafter(fns, 2)
+  args = dict(prompt=np.array([[1, 2]]), lengths=np.array([2]), max_new_tokens=4)
+  args.update(kwargs)
+  extra = {}
+  if "temperature" in args:
+    extra["sampling"] = SamplingConfig(temperature=args.pop("temperature"))
+  with pytest.raises((ValueError, TypeError), match=match):
+    asd_decode(_TFNS, tparams, drafter, dparams, args.pop("prompt"), args.pop("lengths"),
+               **args, **extra)
+
+
+def test_k_must_be_positive():
+  with pytest.raises(ValueError, match="K"):
+    lm_chain_drafter(_TFNS, 0)
+  with pytest.raises(ValueError, match="K"):
+    ChainDrafter(prefill=None, propose=None, num_draft=-1, vocab_size=VOCAB)
