@@ -51,6 +51,15 @@ def first_argmax(x_xV):
   return best_x, top_x.astype(jnp.float32)
 
 
+def _has_nan(x_xV):
+  # Max does not propagate NaN on CPU, a sum does, in one fused pass (the cheapest check for
+  # float32). For 16-bit logits XLA:CPU would materialise a float32 copy of all the logits to
+  # feed that sum, so they are compared with themselves instead.
+  if jnp.dtype(x_xV.dtype).itemsize < 4:
+    return jnp.any(x_xV != x_xV, axis=-1)
+  return jnp.isnan(jnp.sum(x_xV, axis=-1, dtype=jnp.float32))
+
+
 def target_argmax(logits_BxRxV):
   """Target greedy choices and their logits, one per row; shared by every greedy-type rule.
 
@@ -60,8 +69,7 @@ def target_argmax(logits_BxRxV):
   entries are fine.
   """
   best_BxR, top_BxR = first_argmax(logits_BxRxV)
-  # A sum turns any NaN into NaN in one fused pass; max does not on CPU.
-  nan_BxR = jnp.isnan(jnp.sum(logits_BxRxV, axis=-1, dtype=jnp.float32))
+  nan_BxR = _has_nan(logits_BxRxV)
   nonfinite_B = ~jnp.all(jnp.isfinite(top_BxR) & ~nan_BxR, axis=-1)
   return best_BxR, top_BxR, nonfinite_B
 
