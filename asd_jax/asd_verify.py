@@ -105,6 +105,17 @@ def _asd_core(draft_BxK, logits_BxRxV, spent_B, budget, gate, max_exceptions, *,
   )
 
 
+def asd_verify_traced(draft_BxK, logits_BxRxV, spent_B, budget, gate, max_exceptions, *,
+                      normalize_q: bool = False) -> VerifyOutput:
+  """`asd_verify` for use inside a jitted loop with budget/gate/max_exceptions as traced
+  scalars (float32, float32, int32), so one compiled program serves every setting.
+
+  No validation happens here: validate an `ASDConfig` at the Python boundary first.
+  """
+  return _asd_core(draft_BxK, logits_BxRxV, spent_B, budget, gate, max_exceptions,
+                   normalize_q=normalize_q)
+
+
 def config_scalars(config: ASDConfig):
   """The traced settings (budget, gate, max_exceptions) as fixed-dtype scalars."""
   return (np.float32(config.budget), np.float32(config.gate), np.int32(config.max_exceptions))

@@ -1,8 +1,13 @@
-"""`python -m asd_jax.generate`: generate text from a target model (plain decoding for now).
+"""`python -m asd_jax.generate`: generate text with plain or speculative decoding.
 
 Examples:
   python -m asd_jax.generate --prompt "What is the capital of France?"
   python -m asd_jax.generate --target path/to/hf_folder --prompt-ids 1,2,3 --json
+  python -m asd_jax.generate --prompt "..." --draft smollm2-135m-standalone --rule asd --k 4
+  python -m asd_jax.generate --prompt "..." --draft self --rule strict      # self-draft check
+
+Without --draft: plain decoding. With --draft: --rule strict (default; output == plain greedy),
+asd (--budget/--gate/--max-exceptions, greedy only) or sample (lossless, uses --temperature).
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ import jax
 import numpy as np
 
 from asd_jax.cli_common import enable_compilation_cache, parse_prompt_ids, right_pad, run_cli
+from asd_jax.asd_config import PAPER, ASDConfig
 from asd_jax.plain_decode import plain_decode
 from asd_jax.sampling import SamplingConfig
+from asd_jax.spec_decode import RULES, asd_decode
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,6 +43,17 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                  help="parameter/activation dtype (float32 on CPU, bfloat16 on TPU/GPU)")
   p.add_argument("--json", action="store_true", help="print one JSON object")
+  spec = p.add_argument_group("speculative decoding")
+  spec.add_argument("--draft", help="drafter: a known name, a drafter folder, or 'self' (the "
+                    "target drafts for itself; a correctness check, not a speedup)")
+  spec.add_argument("--rule", choices=RULES, help="verification rule (default: strict with a "
+                    "draft; plain decoding without)")
+  spec.add_argument("--k", type=int, default=4, help="draft block length K (default 4)")
+  spec.add_argument("--budget", type=float, default=PAPER.budget, help="ASD regret budget B")
+  spec.add_argument("--gate", type=float, default=PAPER.gate, help="ASD local gate g")
+  spec.add_argument("--max-exceptions", type=int, default=PAPER.max_exceptions,
+                    help="ASD per-block exception cap M")
+  spec.add_argument("--normalize-q", action="store_true", help="ASD q = (K - i) / K")
   return p
 
 
@@ -64,35 +82,72 @@ def main(argv=None):
   eos = () if args.ignore_eos else eos_token_ids(tokenizer, loaded.hf_config)
   fns, params = decoder_fns(loaded.model, name=args.target)
   prompt, lengths = right_pad([ids])
+  if args.draft is None and args.rule is not None:
+    raise ValueError(f"--rule {args.rule} needs a drafter: pass --draft")
 
-  t0 = time.perf_counter()
-  result = plain_decode(fns, params, prompt, lengths, max_new_tokens=args.max_new_tokens,
-                        eos_ids=eos, sampling=sampling, seed=args.seed)
-  result = jax.block_until_ready(result)
-  wall_s = time.perf_counter() - t0
+  if args.draft is None:
+    t0 = time.perf_counter()
+    result = jax.block_until_ready(plain_decode(
+        fns, params, prompt, lengths, max_new_tokens=args.max_new_tokens, eos_ids=eos,
+        sampling=sampling, seed=args.seed))
+    wall_s = time.perf_counter() - t0
+    stats = {"mode": "plain", "target_forwards": int(result.target_forwards_B[0]), "tau": 1.0}
+  else:
+    rule = args.rule or "strict"
+    asd_config = ASDConfig(budget=args.budget, gate=args.gate,
+                           max_exceptions=args.max_exceptions, normalize_q=args.normalize_q)
+    if args.k <= 0:
+      raise ValueError(f"--k must be a positive integer, got {args.k}")
+    drafter, drafter_params = _load_drafter(args.draft, loaded, fns, params, args.k, args.dtype)
+    t0 = time.perf_counter()
+    result = jax.block_until_ready(asd_decode(
+        fns, params, drafter, drafter_params, prompt, lengths,
+        max_new_tokens=args.max_new_tokens, rule=rule, asd_config=asd_config,
+        sampling=sampling, eos_ids=eos, seed=args.seed))
+    wall_s = time.perf_counter() - t0
+    summary = result.stats.summary()
+    stats = {"mode": "speculative", "rule": rule, "k": args.k, "draft": args.draft,
+             "rounds": summary["rounds"], "tau": summary["tau"],
+             "accepted_per_position": summary["accepted_per_position"],
+             "asd_exceptions": summary["asd_exceptions"][0],
+             "asd_spent": summary["asd_spent"][0]}
+    if rule == "asd":
+      stats["asd_config"] = {"budget": args.budget, "gate": args.gate,
+                             "max_exceptions": args.max_exceptions,
+                             "normalize_q": args.normalize_q}
+
   n = int(result.num_generated_B[0])
   tokens = np.asarray(result.tokens_BxN[0, :n]).tolist()
   if bool(result.nonfinite_B[0]):
     raise ValueError("the model produced non-finite logits; generation stopped")
   text = tokenizer.decode(tokens, skip_special_tokens=True)
-  stats = {
-      "mode": "plain",
+  stats.update({
       "prompt_tokens": len(ids),
       "new_tokens": n,
-      "target_forwards": int(result.target_forwards_B[0]),
-      "tau": 1.0,
       "load_s": round(load_s, 3),
       "wall_s": round(wall_s, 3),  # includes compilation unless the persistent cache had it
       "tokens_per_s": round(n / wall_s, 2),
       "dtype": args.dtype,
       "backend": jax.default_backend(),
-  }
+  })
   if args.json:
     print(json.dumps({"tokens": tokens, "text": text, "stats": stats}))
   else:
     print(text)
     print(f"\n[{n} tokens in {wall_s:.2f} s ({n / wall_s:.1f} tok/s incl. compile), "
           f"load {load_s:.2f} s]")
+
+
+def _load_drafter(name, loaded, target_fns, target_params, k, dtype):
+  """(ChainDrafter, params) for --draft: 'self' or a standalone drafter folder / name."""
+  from asd_jax.drafter_api import lm_chain_drafter
+  if name == "self":
+    return lm_chain_drafter(target_fns, k), target_params
+  from models.drafter_folder import load_standalone_drafter
+  from models.lm_fns import decoder_fns
+  model = load_standalone_drafter(name, target=loaded, dtype=dtype)
+  fns, params = decoder_fns(model, name=str(name))
+  return lm_chain_drafter(fns, k), params
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from asd_jax.greedy_verify import first_argmax
 from asd_jax.spec_sampling import apply_sampling_filters
 
 
@@ -47,6 +48,6 @@ def probabilities(logits_BxV: jax.Array, cfg: SamplingConfig) -> jax.Array:
 def select_token(logits_BxV: jax.Array, rng: jax.Array, cfg: SamplingConfig) -> jax.Array:
   """int32[B]: argmax when greedy, else a sample from the filtered distribution."""
   if cfg.greedy:
-    return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
+    return first_argmax(logits_BxV)[0]  # == jnp.argmax, without XLA:CPU's slow argmax path
   return jax.random.categorical(rng, jnp.log(probabilities(logits_BxV, cfg)),
                                 axis=-1).astype(jnp.int32)

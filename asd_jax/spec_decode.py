@@ -23,7 +23,7 @@ import numpy as np
 
 from asd_jax import request_checks
 from asd_jax.asd_config import ASDConfig
-from asd_jax.asd_verify import _asd_core as asd_verify_core
+from asd_jax.asd_verify import asd_verify_traced
 from asd_jax.decode_stats import DecodeStats
 from asd_jax.drafter_api import ChainDrafter
 from asd_jax.greedy_verify import greedy_verify
@@ -119,8 +119,8 @@ def _verify(rule, draft_BxK, draft_logits, target_logits_BxK1xV, spent_B, asd_sc
     budget, gate, max_exceptions = asd_scalars
     # Traced settings: a budget sweep reuses one compiled program. They were validated as a
     # concrete ASDConfig at the Python boundary.
-    return asd_verify_core(draft_BxK, target_logits_BxK1xV, spent_B, budget, gate,
-                           max_exceptions, normalize_q=normalize_q)
+    return asd_verify_traced(draft_BxK, target_logits_BxK1xV, spent_B, budget, gate,
+                             max_exceptions, normalize_q=normalize_q)
   verdict = speculative_sample(draft_BxK, draft_logits, target_logits_BxK1xV, key,
                                temperature=sampling.temperature, top_k=sampling.top_k,
                                top_p=sampling.top_p, check_values=False)
