@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from asd_jax import asd_verify as asd_verify_module
-from asd_jax import greedy_verify as greedy_verify_module
+import importlib
+
+asd_verify_module = importlib.import_module("asd_jax.asd_verify")
+greedy_verify_module = importlib.import_module("asd_jax.greedy_verify")
 from asd_jax.asd_config import EXPLORATORY, PAPER, STRICT, ASDConfig
 from asd_jax.asd_verify import asd_verify
 from asd_jax.greedy_verify import greedy_verify

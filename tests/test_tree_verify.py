@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from asd_jax import tree_verify as tree_verify_module
+import importlib
+
+tree_verify_module = importlib.import_module("asd_jax.tree_verify")
 from asd_jax.asd_config import EXPLORATORY, PAPER, STRICT, ASDConfig
 from asd_jax.asd_verify import asd_verify
 from asd_jax.greedy_verify import greedy_verify
