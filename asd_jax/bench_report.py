@@ -1,0 +1,137 @@
+"""Benchmark output: derived metrics per row, the machine description, a text table and JSON.
+
+Metric definitions are DESIGN.md's: tokens_per_s = completion tokens / wall-clock of the whole
+calls (prefill included, compile excluded); speedup_vs_plain = tokens_per_s / tokens_per_s of
+the reference row (ours_plain_greedy) of the same run; match_share = share of prompts whose
+generated ids equal the reference row's exactly (greedy near-ties can legitimately differ).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any, Sequence
+
+from asd_jax.bench_rows import RowResult
+
+REFERENCE_ROW = "ours_plain_greedy"
+TABLE_COLUMNS = (("name", "name", "{}"), ("prompts", "prompts", "{}"),
+                 ("new tokens", "new_tokens", "{}"), ("wall s", "wall_s", "{:.2f}"),
+                 ("tokens/s", "tokens_per_s", "{:.1f}"), ("tau", "tau", "{:.2f}"),
+                 ("speedup_vs_plain", "speedup_vs_plain", "{:.2f}x"),
+                 ("match", "match_share", "{:.0%}"))
+
+
+def _cpu_name() -> str:
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def load_average() -> float | None:
+  """1-minute load average (other processes share the cores on a shared machine)."""
+  try:
+    return round(os.getloadavg()[0], 2)
+  except OSError:
+    return None
+
+
+def machine_info(load_at_start: float | None = None) -> dict[str, Any]:
+  """Where the numbers were measured. torch/transformers versions are None if not installed.
+
+  load_avg_1m_start/end: the 1-minute load average when the run began and ended; well above
+  `cores` means other work competed for the CPU and the throughputs are pessimistic.
+  """
+  import jax
+
+  def version(module: str):
+    try:
+      return __import__(module).__version__
+    except ImportError:
+      return None
+
+  return {
+      "platform": platform.platform(),
+      "cpu": _cpu_name(),
+      "cores": os.cpu_count(),
+      "jax_backend": jax.default_backend(),
+      "jax_version": jax.__version__,
+      "torch_version": version("torch"),
+      "transformers_version": version("transformers"),
+      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+      "load_avg_1m_start": load_at_start,
+      "load_avg_1m_end": load_average(),
+  }
+
+
+def _same_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+  n = 0
+  for x, y in zip(a, b):
+    if x != y:
+      break
+    n += 1
+  return n
+
+
+def row_dicts(results: Sequence[RowResult]) -> list[dict[str, Any]]:
+  """JSON-ready rows with tokens_per_s, speedup_vs_plain and match_share filled in.
+
+  Without a reference row in the run, speedup_vs_plain and match_share are None.
+  """
+  ref = next((r for r in results if r.name == REFERENCE_ROW), None)
+  ref_tps = ref.new_tokens / ref.wall_s if ref is not None and ref.wall_s > 0 else None
+  rows = []
+  for r in results:
+    tps = r.new_tokens / r.wall_s if r.wall_s > 0 else 0.0
+    row: dict[str, Any] = {
+        "name": r.name, "prompts": r.prompts, "new_tokens": r.new_tokens,
+        "wall_s": round(r.wall_s, 4), "tokens_per_s": round(tps, 3), "tau": r.tau,
+        "speedup_vs_plain": round(tps / ref_tps, 4) if ref_tps else None,
+        "match_share": None, "common_prefix_share": None,
+    }
+    if ref is not None and len(ref.outputs) == len(r.outputs):
+      pairs = list(zip(r.outputs, ref.outputs))
+      row["match_share"] = round(sum(a == b for a, b in pairs) / len(pairs), 4)
+      row["common_prefix_share"] = round(
+          sum(_same_prefix(a, b) / max(len(b), 1) for a, b in pairs) / len(pairs), 4)
+      row["first_mismatch"] = [None if a == b else _same_prefix(a, b) for a, b in pairs]
+    if r.name == REFERENCE_ROW:
+      row["speedup_vs_plain"] = 1.0
+    row["per_suite"] = {k: {kk: round(vv, 4) if isinstance(vv, float) else vv
+                            for kk, vv in v.items()} for k, v in r.per_suite.items()}
+    row.update(r.extra)
+    rows.append(row)
+  return rows
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+  """A plain-text table of the main columns (missing values shown as '-')."""
+  cells = [[title for title, _, _ in TABLE_COLUMNS]]
+  for row in rows:
+    cells.append([fmt.format(row[key]) if row.get(key) is not None else "-"
+                  for _, key, fmt in TABLE_COLUMNS])
+  widths = [max(len(c[i]) for c in cells) for i in range(len(TABLE_COLUMNS))]
+  lines = []
+  for j, line in enumerate(cells):
+    lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                           for i, (c, w) in enumerate(zip(line, widths))))
+    if j == 0:
+      lines.append("  ".join("-" * w for w in widths))
+  return "\n".join(lines)
+
+
+def write_json(path: str | os.PathLike, machine: dict, config: dict, rows: list[dict]) -> None:
+  """Writes {"machine", "config", "rows"}, creating the parent folder."""
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump({"machine": machine, "config": config, "rows": rows}, f, indent=2)
+    f.write("\n")

@@ -1,0 +1,195 @@
+"""Benchmark rows: the timing harness and the row runners built on our decode engines.
+
+A row runner takes the `BenchContext` (target, tokenizer, encoded prompts, settings), loads what
+it needs and returns a `PreparedRow` (a warm-up and a per-batch call); `asd_jax.bench` lists the
+runners of each mode, so a new decoding method is one more runner. `run_rows` fixes what is
+timed for every row alike: warm-up first (compile excluded), then `repeats` passes over the same
+batches, each call timed from host inputs to host outputs (prefill included).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+PROMPT_BUCKET = 64  # prompt widths round up to this, so few programs are compiled
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+  """Up to batch_size prompts of one suite, in suite order."""
+  suite: str
+  rows: tuple[tuple[int, ...], ...]
+
+
+@dataclasses.dataclass
+class BenchContext:
+  """What every runner sees. `eos_ids` is empty when EOS is ignored (fixed workload)."""
+  target: str
+  tokenizer: Any
+  batches: list[Batch]
+  max_new_tokens: int
+  eos_ids: tuple[int, ...]
+  batch_size: int
+  repeats: int
+  progress: Callable[..., Any] | None = None   # tqdm-like factory(total=, desc=)
+
+  @functools.cached_property
+  def jax_target(self):
+    """(fns, params, loaded) of the JAX target, loaded once and shared by our runners."""
+    from models.load import load_decoder
+    from models.lm_fns import decoder_fns
+    loaded = load_decoder(self.target)
+    fns, params = decoder_fns(loaded.model, name=self.target)
+    return fns, params, loaded
+
+
+@dataclasses.dataclass
+class BatchOutput:
+  """What one timed call returns: generated ids per prompt of the batch, and for speculative
+  rows the verification rounds and the tokens they committed (tau = round_tokens / rounds)."""
+  tokens: list[list[int]]
+  rounds: int = 0
+  round_tokens: int = 0
+
+
+RunBatch = Callable[[Batch], BatchOutput]
+
+
+@dataclasses.dataclass
+class PreparedRow:
+  """A loaded, ready row: `warmup()` compiles (untimed); `run_batch` is the timed call."""
+  name: str
+  run_batch: RunBatch
+  warmup: Callable[[], None]
+  extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+RowRunner = Callable[[BenchContext], PreparedRow]
+
+
+@dataclasses.dataclass
+class RowResult:
+  """Raw measurements of one row; bench_report derives tokens/s, speedup and match_share.
+
+  outputs: generated ids per prompt (batches flattened, from the last timed pass).
+  wall_s / new_tokens: summed over all timed passes; per_suite the same per suite.
+  tau: round_tokens / rounds over all calls, 1.0 for rows without rounds (plain decoding).
+  """
+  name: str
+  outputs: list[list[int]]
+  wall_s: float
+  new_tokens: int
+  prompts: int
+  tau: float
+  per_suite: dict[str, dict[str, float]]
+  extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def run_rows(ctx: BenchContext, rows: Sequence[PreparedRow]) -> list[RowResult]:
+  """Warms every row up, then times `repeats` passes over ctx.batches.
+
+  The rows take turns batch by batch, so a load change on a shared machine hits all rows
+  alike instead of whichever row happened to run during it.
+  """
+  warmup_s = {}
+  for row in rows:
+    t0 = time.perf_counter()
+    row.warmup()
+    warmup_s[row.name] = round(time.perf_counter() - t0, 2)
+  acc = {row.name: dict(outputs=[], wall_s=0.0, new_tokens=0, rounds=0, round_tokens=0,
+                        per_suite={}) for row in rows}
+  bar = (ctx.progress(total=ctx.repeats * len(ctx.batches) * len(rows), desc="bench")
+         if ctx.progress else None)
+  for rep in range(ctx.repeats):
+    for batch in ctx.batches:
+      for row in rows:
+        if bar is not None:
+          bar.set_description(row.name)
+        t0 = time.perf_counter()
+        out = row.run_batch(batch)
+        dt = time.perf_counter() - t0
+        n = sum(len(o) for o in out.tokens)
+        a = acc[row.name]
+        a["wall_s"] += dt
+        a["new_tokens"] += n
+        a["rounds"] += out.rounds
+        a["round_tokens"] += out.round_tokens
+        s = a["per_suite"].setdefault(batch.suite, {"prompts": 0, "new_tokens": 0, "wall_s": 0.0})
+        s["new_tokens"] += n
+        s["wall_s"] += dt
+        if rep == ctx.repeats - 1:
+          s["prompts"] += len(batch.rows)
+          a["outputs"].extend(out.tokens)
+        if bar is not None:
+          bar.update(1)
+  if bar is not None:
+    bar.close()
+  results = []
+  for row in rows:
+    a = acc[row.name]
+    for s in a["per_suite"].values():
+      s["tokens_per_s"] = s["new_tokens"] / s["wall_s"] if s["wall_s"] > 0 else 0.0
+    tau = a["round_tokens"] / a["rounds"] if a["rounds"] else 1.0
+    results.append(RowResult(name=row.name, outputs=a["outputs"], wall_s=a["wall_s"],
+                             new_tokens=a["new_tokens"], prompts=len(a["outputs"]), tau=tau,
+                             per_suite=a["per_suite"],
+                             extra={"warmup_s": warmup_s[row.name], **row.extra}))
+  return results
+
+
+def make_batches(prompts: Sequence[tuple[str, Sequence[int]]], batch_size: int) -> list[Batch]:
+  """Groups (suite, ids) into batches of up to batch_size, never mixing suites."""
+  batches: list[Batch] = []
+  for suite, ids in prompts:
+    if batches and batches[-1].suite == suite and len(batches[-1].rows) < batch_size:
+      last = batches[-1]
+      batches[-1] = Batch(suite, last.rows + (tuple(ids),))
+    else:
+      batches.append(Batch(suite, (tuple(ids),)))
+  return batches
+
+
+def ours_plain_greedy(ctx: BenchContext) -> PreparedRow:
+  """asd_jax.plain_decode, greedy: the baseline every speedup is measured against.
+
+  Batches are right-padded to a width that is a multiple of PROMPT_BUCKET and filled up to
+  batch_size with dummy rows that generate nothing, so each prompt width compiles one program.
+  The warm-up runs each distinct program once with max_new_B = 1 (same compiled program, since
+  max_new_B is a traced argument), which compiles without paying a full generation.
+  """
+  import jax
+
+  from asd_jax.cli_common import right_pad
+  from asd_jax.plain_decode import plain_decode
+
+  fns, params, _ = ctx.jax_target
+  n = ctx.max_new_tokens
+
+  def call(batch: Batch, max_new: int):
+    rows = list(batch.rows)
+    filler = ctx.batch_size - len(rows)
+    prompt, lengths = right_pad(rows + [rows[-1]] * filler, bucket=PROMPT_BUCKET)
+    max_new_B = np.array([max_new] * len(rows) + [0] * filler, np.int32)
+    out = plain_decode(fns, params, prompt, lengths, max_new_tokens=n, eos_ids=ctx.eos_ids,
+                       max_new_B=max_new_B)
+    tokens, counts, nonfinite = jax.device_get(
+        (out.tokens_BxN, out.num_generated_B, out.nonfinite_B))
+    if nonfinite[:len(rows)].any():
+      raise ValueError("the target produced non-finite logits during the benchmark")
+    return BatchOutput([tokens[b, :counts[b]].tolist() for b in range(len(rows))])
+
+  widths = {}
+  for batch in ctx.batches:
+    widths.setdefault(right_pad(list(batch.rows), bucket=PROMPT_BUCKET)[0].shape[1], batch)
+
+  def warmup():
+    for batch in widths.values():
+      call(batch, 1)
+
+  return PreparedRow("ours_plain_greedy", lambda b: call(b, n), warmup,
+                     extra={"compiled_widths": sorted(widths), "backend": jax.default_backend()})

