@@ -26,6 +26,15 @@ class LanguageModelFns:
       returns the logits after each row's last prompt token.
   init_cache(batch_size, capacity) -> cache
       A fresh preallocated cache with `capacity` slots per row.
+
+  Needed only for tree decoding (None otherwise):
+  tree_forward(params, tokens_BxT, positions_BxT, slots_BxT, visible_BxTxS, cache)
+      -> (logits_BxTxV f32, hidden | None, cache)
+      Like forward, but token t is written to cache slot slots_BxT[b, t] (tree nodes share
+      positions, so slots differ from positions) and attends to the slots visible_BxTxS marks.
+  move_slots(cache, src_BxA, dst_BxA) -> cache
+      Copies the entries at src slots to dst slots (all reads before writes); a dst slot
+      outside the cache is a no-op. Compacts an accepted tree path into consecutive slots.
   """
 
   forward: Callable[..., tuple[Any, Any, Cache]]
@@ -33,3 +42,5 @@ class LanguageModelFns:
   init_cache: Callable[[int, int], Cache]
   vocab_size: int
   name: str = "model"
+  tree_forward: Callable[..., tuple[Any, Any, Cache]] | None = None
+  move_slots: Callable[..., Cache] | None = None

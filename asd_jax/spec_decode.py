@@ -13,6 +13,7 @@ W = max_new_tokens + K + 1 (output buffer with room for one round's overshoot).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -59,6 +60,7 @@ class _RoundState:
   target_cache: object
   drafter_state: object
   rng: jax.Array
+  history_BxS: jax.Array  # token at each position (tree drafters re-read it); [B, 0] for chains
 
 
 def _commit(state: _RoundState, draft_BxK, verdict, max_new_B, eos_ids) -> _RoundState:
@@ -86,6 +88,10 @@ def _commit(state: _RoundState, draft_BxK, verdict, max_new_B, eos_ids) -> _Roun
   cols_BxK1 = jnp.where(j_K1[None] < count_B[:, None], cols_BxK1, state.tokens_BxW.shape[1])
   tokens_BxW = state.tokens_BxW.at[rows_Bx1, cols_BxK1].set(block_BxK1, mode="drop")
   num_generated_B = state.num_generated_B + count_B
+  history_pos_BxK1 = jnp.where(in_block_BxK1 & active_B[:, None],
+                               state.committed_B[:, None] + j_K1[None],
+                               state.history_BxS.shape[1])
+  history_BxS = state.history_BxS.at[rows_Bx1, history_pos_BxK1].set(block_BxK1, mode="drop")
 
   # The caches hold everything up to the accepted draft; the next round re-feeds the last two.
   before_last_B = jnp.where(a_B > 0, jnp.take_along_axis(
@@ -108,7 +114,7 @@ def _commit(state: _RoundState, draft_BxK, verdict, max_new_B, eos_ids) -> _Roun
   done_B = state.done_B | nonfinite_B | (active_B & hit_B) | (num_generated_B >= max_new_B)
   return state.replace(tokens_BxW=tokens_BxW, num_generated_B=num_generated_B,
                        committed_B=committed_B, recent_Bx2=recent_Bx2, done_B=done_B,
-                       nonfinite_B=nonfinite_B, stats=stats)
+                       nonfinite_B=nonfinite_B, stats=stats, history_BxS=history_BxS)
 
 
 def _verify(rule, draft_BxK, draft_logits, target_logits_BxK1xV, spent_B, asd_scalars, key,
@@ -127,6 +133,47 @@ def _verify(rule, draft_BxK, draft_logits, target_logits_BxK1xV, spent_B, asd_sc
   return verdict._replace(spent=spent_B)
 
 
+def initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampling, eos_ids, *,
+                  max_new_tokens, depth, target_cache, drafter_state, history_width):
+  """Loop state after prefill: the first token (from the prefill logits) is committed."""
+  b = prompt_BxT.shape[0]
+  rng, sub = jax.random.split(rng)
+  first_B = select_token(first_logits_BxV, sub, sampling)
+  first_ok_B = jnp.isfinite(first_logits_BxV).all(axis=-1)
+  last_prompt_B = jnp.take_along_axis(prompt_BxT, (lengths_B - 1)[:, None], axis=1)[:, 0]
+  width = max_new_tokens + depth + 1
+  emit_B = first_ok_B & (max_new_B > 0)
+  tokens_BxW = jnp.full((b, width), -1, jnp.int32).at[:, 0].set(jnp.where(emit_B, first_B, -1))
+  num_generated_B = emit_B.astype(jnp.int32)
+  first_eos_B = jnp.isin(first_B, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else False
+  history_BxS = jnp.zeros((b, history_width), jnp.int32)
+  if history_width:
+    t = prompt_BxT.shape[1]
+    history_BxS = history_BxS.at[:, :t].set(prompt_BxT)
+    history_BxS = history_BxS.at[jnp.arange(b), lengths_B].set(first_B)
+  zeros_B = jnp.zeros((b,), jnp.int32)
+  return _RoundState(
+      round=jnp.zeros((), jnp.int32),
+      tokens_BxW=tokens_BxW,
+      num_generated_B=num_generated_B,
+      committed_B=lengths_B + 1,
+      recent_Bx2=jnp.stack([last_prompt_B, first_B], axis=1),
+      done_B=~emit_B | (emit_B & first_eos_B) | (num_generated_B >= max_new_B),
+      nonfinite_B=~first_ok_B,
+      stats=DecodeStats(rounds_B=zeros_B, accepted_B=zeros_B,
+                        accepted_per_position_BxK=jnp.zeros((b, depth), jnp.int32),
+                        asd_exceptions_B=zeros_B, asd_spent_B=jnp.zeros((b,), jnp.float32)),
+      target_cache=target_cache, drafter_state=drafter_state, rng=rng,
+      history_BxS=history_BxS)
+
+
+def finish(state: _RoundState, max_new_tokens: int) -> SpecDecodeResult:
+  keep_BxN = jnp.arange(max_new_tokens)[None] < state.num_generated_B[:, None]
+  tokens_BxN = jnp.where(keep_BxN, state.tokens_BxW[:, :max_new_tokens], -1)
+  return SpecDecodeResult(tokens_BxN=tokens_BxN, num_generated_B=state.num_generated_B,
+                          nonfinite_B=state.nonfinite_B, stats=state.stats)
+
+
 @functools.partial(jax.jit, static_argnames=(
     "target", "drafter", "rule", "sampling", "normalize_q", "max_new_tokens", "capacity",
     "eos_ids"))
@@ -140,29 +187,10 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
   first_logits_BxV, _, target_cache = target.prefill(target_params, prompt_BxT, lengths_B,
                                                      target_cache)
   drafter_state = drafter.prefill(drafter_params, prompt_BxT, lengths_B, capacity)
-  rng, sub = jax.random.split(rng)
-  first_B = select_token(first_logits_BxV, sub, sampling)
-  first_ok_B = jnp.isfinite(first_logits_BxV).all(axis=-1)
-  last_prompt_B = jnp.take_along_axis(prompt_BxT, (lengths_B - 1)[:, None], axis=1)[:, 0]
-
-  width = max_new_tokens + k + 1
-  emit_B = first_ok_B & (max_new_B > 0)
-  tokens_BxW = jnp.full((b, width), -1, jnp.int32).at[:, 0].set(jnp.where(emit_B, first_B, -1))
-  num_generated_B = emit_B.astype(jnp.int32)
-  first_eos_B = jnp.isin(first_B, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else False
-  zeros_B = jnp.zeros((b,), jnp.int32)
-  state = _RoundState(
-      round=jnp.zeros((), jnp.int32),
-      tokens_BxW=tokens_BxW,
-      num_generated_B=num_generated_B,
-      committed_B=lengths_B + 1,
-      recent_Bx2=jnp.stack([last_prompt_B, first_B], axis=1),
-      done_B=~emit_B | (emit_B & first_eos_B) | (num_generated_B >= max_new_B),
-      nonfinite_B=~first_ok_B,
-      stats=DecodeStats(rounds_B=zeros_B, accepted_B=zeros_B,
-                        accepted_per_position_BxK=jnp.zeros((b, k), jnp.int32),
-                        asd_exceptions_B=zeros_B, asd_spent_B=jnp.zeros((b,), jnp.float32)),
-      target_cache=target_cache, drafter_state=drafter_state, rng=rng)
+  state = initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampling,
+                        eos_ids, max_new_tokens=max_new_tokens, depth=k,
+                        target_cache=target_cache, drafter_state=drafter_state,
+                        history_width=0)
 
   def cond(s: _RoundState):
     # Every active row commits >= 1 token per round, so max_new_tokens rounds always suffice.
@@ -184,10 +212,7 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
     return _commit(s, draft_BxK, verdict, max_new_B, eos_ids)
 
   state = jax.lax.while_loop(cond, body, state)
-  keep_BxN = jnp.arange(max_new_tokens)[None] < state.num_generated_B[:, None]
-  tokens_BxN = jnp.where(keep_BxN, state.tokens_BxW[:, :max_new_tokens], -1)
-  return SpecDecodeResult(tokens_BxN=tokens_BxN, num_generated_B=state.num_generated_B,
-                          nonfinite_B=state.nonfinite_B, stats=state.stats)
+  return finish(state, max_new_tokens)
 
 
 def required_capacity(prompt_width: int, max_new_tokens: int, num_draft: int) -> int:
@@ -216,13 +241,35 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
   Returns:
     SpecDecodeResult with tokens, lengths, non-finite flags and DecodeStats.
   """
-  if rule not in RULES:
-    raise ValueError(f"unknown rule {rule!r}; choose one of {RULES}")
   if not isinstance(drafter, ChainDrafter):
     raise TypeError(f"drafter must be a ChainDrafter, got {type(drafter).__name__}")
-  if drafter.vocab_size != target.vocab_size:
-    raise ValueError(f"drafter vocabulary ({drafter.vocab_size}) differs from the target's "
-                     f"({target.vocab_size}); a chain drafter must share the target's tokenizer")
+  req = prepare_request(target, drafter.vocab_size, prompt_BxT, lengths_B, rule=rule,
+                        asd_config=asd_config, sampling=sampling, eos_ids=eos_ids,
+                        max_new_tokens=max_new_tokens, max_new_B=max_new_B, capacity=capacity,
+                        lookahead=drafter.num_draft, what=f"K={drafter.num_draft}", seed=seed)
+  return _asd_decode(target, target_params, drafter, drafter_params, *req.arrays,
+                     rule=rule, sampling=sampling, normalize_q=asd_config.normalize_q,
+                     max_new_tokens=req.max_new_tokens, capacity=req.capacity,
+                     eos_ids=req.eos_ids)
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedRequest:
+  arrays: tuple  # prompt_BxT, lengths_B, max_new_B, asd_scalars, rng key
+  max_new_tokens: int
+  capacity: int
+  eos_ids: tuple[int, ...]
+
+
+def prepare_request(target: LanguageModelFns, drafter_vocab: int, prompt_BxT, lengths_B, *,
+                    rule, asd_config, sampling, eos_ids, max_new_tokens, max_new_B, capacity,
+                    lookahead: int, what: str, seed: int = 0) -> PreparedRequest:
+  """All Python-boundary checks of a speculative request; nothing is clamped."""
+  if rule not in RULES:
+    raise ValueError(f"unknown rule {rule!r}; choose one of {RULES}")
+  if drafter_vocab != target.vocab_size:
+    raise ValueError(f"drafter vocabulary ({drafter_vocab}) differs from the target's "
+                     f"({target.vocab_size}); the drafter must share the target's tokenizer")
   if rule in ("strict", "asd") and not sampling.greedy:
     raise ValueError(f"rule {rule!r} is greedy (temperature 0); use rule='sample' for "
                      f"temperature {sampling.temperature}")
@@ -233,11 +280,11 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
   prompt, lengths = request_checks.check_prompts(prompt_BxT, lengths_B, target.vocab_size)
   max_new_tokens = request_checks.check_positive_int("max_new_tokens", max_new_tokens)
   eos_ids = request_checks.check_eos_ids(eos_ids, target.vocab_size)
-  needed = required_capacity(prompt.shape[1], max_new_tokens, drafter.num_draft)
+  needed = required_capacity(prompt.shape[1], max_new_tokens, lookahead)
   if capacity is None:
     capacity = request_checks.round_up(needed, CAPACITY_BUCKET)
-  request_checks.check_capacity(capacity, needed, f"prompt + max_new_tokens + K + 1 "
-                                f"(K={drafter.num_draft})")
+  request_checks.check_capacity(capacity, needed, f"prompt + max_new_tokens + lookahead + 1 "
+                                f"({what})")
   if max_new_B is None:
     max_new_B = np.full((prompt.shape[0],), max_new_tokens, np.int32)
   max_new_B = np.asarray(max_new_B, np.int32)
@@ -245,8 +292,6 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
     raise ValueError(f"max_new_B must be in [0, {max_new_tokens}], got {max_new_B.tolist()}")
   asd_scalars = (np.float32(asd_config.budget), np.float32(asd_config.gate),
                  np.int32(asd_config.max_exceptions))
-  return _asd_decode(target, target_params, drafter, drafter_params, jnp.asarray(prompt),
-                     jnp.asarray(lengths), jnp.asarray(max_new_B), asd_scalars,
-                     jax.random.key(seed), rule=rule, sampling=sampling,
-                     normalize_q=asd_config.normalize_q, max_new_tokens=max_new_tokens,
-                     capacity=int(capacity), eos_ids=eos_ids)
+  arrays = (jnp.asarray(prompt), jnp.asarray(lengths), jnp.asarray(max_new_B), asd_scalars,
+            jax.random.key(seed))
+  return PreparedRequest(arrays, max_new_tokens, int(capacity), eos_ids)

@@ -121,6 +121,14 @@ def _tree_asd_core(tokens_BxN, parents_BxN, logits_BxRxV, spent_B, budget, gate,
   return jax.vmap(row)(tokens_BxN, parents_BxN, logits_BxRxV, spent_B)
 
 
+def tree_asd_verify_traced(tokens_BxN, parents_BxN, logits_BxRxV, spent_B, budget, gate,
+                           max_exceptions, *, depth: int, normalize_q: bool = False):
+  """`tree_asd_verify` inside a jitted loop with traced budget/gate/max_exceptions scalars
+  (one compiled program for every setting). No validation: check an ASDConfig first."""
+  return _tree_asd_core(tokens_BxN, parents_BxN, logits_BxRxV, spent_B, budget, gate,
+                        max_exceptions, depth=depth, normalize_q=normalize_q)
+
+
 def tree_greedy_verify(tree_tokens, parents, target_logits, spent=None, *, max_depth=None,
                        check_values: bool = True) -> TreeVerifyOutput:
   """Strict greedy verification of a draft tree: the longest root path of exact matches.

@@ -50,3 +50,18 @@ def write_kv(buf_BxKxSxH: jax.Array, new_BxTxKxH: jax.Array, slots_BxT: jax.Arra
   # Advanced indices on axes 0 and 2 around a slice: the indexed view is [B, T, K, H].
   return buf_BxKxSxH.at[rows_Bx1, :, slots_BxT].set(
       new_BxTxKxH.astype(buf_BxKxSxH.dtype), mode="drop")
+
+
+def move_slots(cache: KVCache, src_BxA: jax.Array, dst_BxA: jax.Array) -> KVCache:
+  """Copies every layer's entries at `src` slots to `dst` slots; dst >= S is dropped.
+
+  All entries are gathered before any is written, so overlapping moves (compacting an
+  accepted tree path towards lower slots) are safe.
+  """
+  rows_Bx1 = jnp.arange(cache.batch_size)[:, None]
+
+  def move(buf_BxKxSxH):
+    moved_BxAxKxH = buf_BxKxSxH[rows_Bx1, :, jnp.clip(src_BxA, 0, buf_BxKxSxH.shape[2] - 1)]
+    return buf_BxKxSxH.at[rows_Bx1, :, dst_BxA].set(moved_BxAxKxH, mode="drop")
+
+  return KVCache(k=tuple(move(k) for k in cache.k), v=tuple(move(v) for v in cache.v))

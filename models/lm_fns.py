@@ -6,7 +6,7 @@ import flax.nnx as nnx
 import jax.numpy as jnp
 
 from asd_jax.lm_api import LanguageModelFns
-from models.kv_cache import KVCache
+from models.kv_cache import KVCache, move_slots
 from models.llama import Decoder
 
 
@@ -30,6 +30,12 @@ def decoder_fns(model: Decoder, hidden_layers: tuple[int, ...] = (), name: str =
   def init_cache(batch_size: int, capacity: int) -> KVCache:
     return KVCache.create(cfg, batch_size, capacity)
 
+  def tree_forward(params, tokens_BxT, positions_BxT, slots_BxT, visible_BxTxS, cache):
+    return nnx.merge(graphdef, params)(tokens_BxT, positions_BxT, cache, slots_BxT=slots_BxT,
+                                       visible_BxTxS=visible_BxTxS,
+                                       hidden_layers=hidden_layers)
+
   fns = LanguageModelFns(forward=forward, prefill=prefill, init_cache=init_cache,
-                         vocab_size=cfg.vocab_size, name=name)
+                         vocab_size=cfg.vocab_size, name=name, tree_forward=tree_forward,
+                         move_slots=move_slots)
   return fns, params

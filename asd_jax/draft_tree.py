@@ -1,0 +1,182 @@
+"""Draft trees under static shapes: EAGLE-2 style dynamic trees from any language-model drafter.
+
+Shape notation: B rows, V vocab, k = top_k (children per expanded node), D = depth,
+P = k + (D-1) k^2 candidate pool, N = num_nodes kept, W = D + 2 re-fed window, S = slots.
+
+Dynamic tree (Li et al. 2024, "EAGLE-2: Faster Inference of Language Models with Dynamic Draft
+Trees"): expand the k best frontier nodes per depth, each into its k most likely children;
+rank every candidate by cumulative draft log-probability and keep the best N. A child's
+cumulative log-probability never exceeds its parent's and ties break towards the earlier
+(shallower) candidate, so the kept set is always a tree (ancestor-closed).
+
+Sampling trees (for lossless tree speculative sampling): every expanded node gets k children
+drawn i.i.d. from the filtered draft distribution and all P candidates are kept, because
+recursive rejection sampling needs each node's children to be i.i.d. draft samples; which
+nodes get expanded may still depend on the draws.
+
+Drafter cache bookkeeping: the drafter's entries are valid for committed positions <= n-2 at
+the start of a round. `propose` first re-feeds the last W committed tokens at their own
+positions (re-writing already-right entries is harmless), which covers the up to D+1 tokens a
+round can commit and yields the root distribution; tree nodes are then written to scratch
+slots >= n, so the next round's window overwrites whatever the tree left behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from asd_jax.lm_api import LanguageModelFns
+from asd_jax.sampling import SamplingConfig, probabilities
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeShape:
+  """depth D, top_k k children per expanded node, num_nodes N kept (N <= k + (D-1)k^2)."""
+
+  depth: int
+  top_k: int
+  num_nodes: int
+
+  def __post_init__(self):
+    for name in ("depth", "top_k", "num_nodes"):
+      v = getattr(self, name)
+      if isinstance(v, bool) or int(v) != v or v <= 0:
+        raise ValueError(f"tree {name} must be a positive integer, got {v!r}")
+    if self.num_nodes > self.pool_size:
+      raise ValueError(f"tree num_nodes={self.num_nodes} exceeds the {self.pool_size} "
+                       f"candidates depth={self.depth}, top_k={self.top_k} can produce")
+
+  @property
+  def pool_size(self) -> int:
+    return self.top_k + (self.depth - 1) * self.top_k ** 2
+
+  @property
+  def window(self) -> int:
+    return self.depth + 2
+
+  @classmethod
+  def parse(cls, text: str) -> "TreeShape":
+    """'DEPTH,TOPK,NODES' (the --tree flag)."""
+    try:
+      depth, top_k, nodes = (int(x) for x in text.split(","))
+    except ValueError:
+      raise ValueError(f"--tree must be DEPTH,TOPK,NODES (three integers), got {text!r}") from None
+    return cls(depth, top_k, nodes)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TreeDrafter:
+  """Pure functions of a tree drafter; hashes by identity (a static jit argument).
+
+  prefill(params, prompt_BxT, lengths_B, capacity) -> state
+  propose(params, state, window_BxW, window_positions_BxW, committed_B, rng, sampling)
+      -> (tokens_BxN, parents_BxN, depth_BxN, draft_logits_BxNxV | None, state)
+      parents index nodes (-1 = child of the root), parents[n] < n; depth is 1-based; draft
+      logits (sampling only) row 0 = root's children distribution, row n+1 = node n's.
+  """
+
+  prefill: Callable[..., Any]
+  propose: Callable[..., tuple]
+  shape: TreeShape
+  vocab_size: int
+  name: str = "tree-drafter"
+
+
+def _children(logits_BxMxV, key, k, sampling: SamplingConfig):
+  """k children per node: the top-k (greedy rules) or k i.i.d. draws (sampling); log q."""
+  if sampling.greedy:
+    logq_BxMxV = jax.nn.log_softmax(logits_BxMxV.astype(jnp.float32), axis=-1)
+    logq_BxMxk, tok_BxMxk = jax.lax.top_k(logq_BxMxV, k)
+    return tok_BxMxk.astype(jnp.int32), logq_BxMxk
+  q_BxMxV = probabilities(logits_BxMxV.reshape(-1, logits_BxMxV.shape[-1]), sampling)
+  q_BxMxV = q_BxMxV.reshape(logits_BxMxV.shape)
+  tok_kxBxM = jax.random.categorical(key, jnp.log(q_BxMxV), axis=-1,
+                                     shape=(k,) + logits_BxMxV.shape[:2])
+  tok_BxMxk = jnp.moveaxis(tok_kxBxM, 0, -1).astype(jnp.int32)
+  logq_BxMxk = jnp.log(jnp.take_along_axis(q_BxMxV, tok_BxMxk, axis=-1))
+  return tok_BxMxk, logq_BxMxk
+
+
+def lm_tree_drafter(fns: LanguageModelFns, shape: TreeShape) -> TreeDrafter:
+  """A dynamic-tree drafter from any language model with `tree_forward` (own KV cache)."""
+  if fns.tree_forward is None:
+    raise ValueError(f"model {fns.name!r} has no tree_forward; it cannot draft trees")
+  d_max, k = shape.depth, shape.top_k
+  pool = shape.pool_size
+
+  def prefill(params, prompt_BxT, lengths_B, capacity):
+    cache = fns.init_cache(prompt_BxT.shape[0], capacity)
+    return fns.prefill(params, prompt_BxT, lengths_B, cache)[2]
+
+  def propose(params, cache, window_BxW, window_pos_BxW, committed_B, rng, sampling):
+    b = window_BxW.shape[0]
+    keys = jax.random.split(rng, d_max)
+    logits_BxWxV, _, cache = fns.forward(params, window_BxW, window_pos_BxW, cache)
+    root_logits_BxV = logits_BxWxV[:, -1]
+    tok_Bxk, lp_Bxk = (x[:, 0] for x in _children(root_logits_BxV[:, None], keys[0], k,
+                                                  sampling))
+    capacity = jax.tree_util.tree_leaves(cache)[0].shape[2]
+    pool_tok = jnp.zeros((b, pool), jnp.int32).at[:, :k].set(tok_Bxk)
+    pool_lp = jnp.full((b, pool), -jnp.inf).at[:, :k].set(lp_Bxk)
+    pool_parent = jnp.full((b, pool), -1, jnp.int32)
+    pool_depth = jnp.zeros((b, pool), jnp.int32).at[:, :k].set(1)
+    vocab = root_logits_BxV.shape[-1]
+    # Draft distribution rows per candidate (sampling only): the logits its children came from.
+    pool_logits = (None if sampling.greedy else
+                   jnp.zeros((b, pool, vocab), jnp.float32))
+    front_idx_Bxk = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b, k))
+    front_anc_BxkxD = jnp.full((b, k, d_max), -1, jnp.int32)  # ancestors' scratch slots
+    slot_iota_S = jnp.arange(capacity)
+
+    for d in range(2, d_max + 1):  # static, small: one drafter forward per depth
+      front_tok = jnp.take_along_axis(pool_tok, front_idx_Bxk, axis=1)
+      slots_Bxk = committed_B[:, None] + (d - 2) * k + jnp.arange(k)
+      anc_BxkxD = front_anc_BxkxD.at[:, :, d - 2].set(slots_Bxk)
+      visible_BxkxS = (slot_iota_S[None, None] < committed_B[:, None, None]) | (
+          slot_iota_S[None, None, :, None] == anc_BxkxD[:, :, None, :]).any(-1)
+      positions_Bxk = jnp.broadcast_to(committed_B[:, None] - 1 + (d - 1), (b, k))
+      logits_BxkxV, _, cache = fns.tree_forward(params, front_tok, positions_Bxk, slots_Bxk,
+                                                visible_BxkxS, cache)
+      child_tok, child_lp = _children(logits_BxkxV, keys[d - 1], k, sampling)
+      parent_lp = jnp.take_along_axis(pool_lp, front_idx_Bxk, axis=1)
+      cand_lp_BxK2 = (parent_lp[:, :, None] + child_lp).reshape(b, k * k)
+      start = k + (d - 2) * k * k
+      cand = slice(start, start + k * k)
+      pool_tok = pool_tok.at[:, cand].set(child_tok.reshape(b, k * k))
+      pool_lp = pool_lp.at[:, cand].set(cand_lp_BxK2)
+      pool_parent = pool_parent.at[:, cand].set(jnp.repeat(front_idx_Bxk, k, axis=1))
+      pool_depth = pool_depth.at[:, cand].set(d)
+      if pool_logits is not None:
+        rows = jnp.arange(b)[:, None]
+        pool_logits = pool_logits.at[rows, front_idx_Bxk].set(logits_BxkxV)
+      # Next frontier: the k best new candidates (top_k keeps the earliest on ties).
+      best_Bxk = jax.lax.top_k(cand_lp_BxK2, k)[1]
+      front_idx_Bxk = (start + best_Bxk).astype(jnp.int32)
+      front_anc_BxkxD = jnp.take_along_axis(anc_BxkxD, (best_Bxk // k)[:, :, None], axis=1)
+
+    if sampling.greedy:
+      # Best N by cumulative log-prob, ties to the earlier candidate; then back to pool order,
+      # which is topological (parents come first).
+      keep_BxN = jnp.sort(jax.lax.top_k(pool_lp, shape.num_nodes)[1], axis=1)
+    else:
+      keep_BxN = jnp.broadcast_to(jnp.arange(pool, dtype=jnp.int32), (b, pool))
+    tokens_BxN = jnp.take_along_axis(pool_tok, keep_BxN, axis=1)
+    depth_BxN = jnp.take_along_axis(pool_depth, keep_BxN, axis=1)
+    parent_pool_BxN = jnp.take_along_axis(pool_parent, keep_BxN, axis=1)
+    # pool index -> node index (kept nodes only; parents of kept nodes are always kept).
+    node_of_pool = jnp.full((b, pool), -1, jnp.int32).at[
+        jnp.arange(b)[:, None], keep_BxN].set(jnp.arange(keep_BxN.shape[1], dtype=jnp.int32))
+    parents_BxN = jnp.where(parent_pool_BxN >= 0, jnp.take_along_axis(
+        node_of_pool, jnp.maximum(parent_pool_BxN, 0), axis=1), -1)
+    draft_logits = None
+    if pool_logits is not None:
+      node_logits = jnp.take_along_axis(pool_logits, keep_BxN[:, :, None], axis=1)
+      draft_logits = jnp.concatenate([root_logits_BxV[:, None], node_logits[:, :-1]], axis=1)
+    return tokens_BxN, parents_BxN, depth_BxN, draft_logits, cache
+
+  return TreeDrafter(prefill=prefill, propose=propose, shape=shape, vocab_size=fns.vocab_size,
+                     name=fns.name)

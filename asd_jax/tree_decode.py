@@ -1,0 +1,148 @@
+"""`asd_tree_decode`: speculative decoding with draft trees (one target forward per tree).
+
+Each round the tree drafter proposes N nodes (asd_jax/draft_tree.py); the target scores the
+last committed token plus all N nodes in one forward with a tree attention mask, writing node
+n's K/V to scratch slot n_committed + n at position n_committed - 1 + depth(n); the rule
+(strict, ASD, lossless sampling) picks a root path; the accepted path's K/V entries are then
+moved into consecutive slots, so the cache again holds exactly the committed sequence with
+slot == position, and the next round is indistinguishable from a chain round.
+
+Shape notation: B rows, N tree nodes, D depth, V vocab, S cache slots.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from asd_jax.asd_config import ASDConfig
+from asd_jax.draft_tree import TreeDrafter
+from asd_jax.lm_api import LanguageModelFns
+from asd_jax.sampling import SamplingConfig
+from asd_jax.spec_decode import (SpecDecodeResult, _commit, _RoundState, finish, initial_state,
+                                 prepare_request)
+from asd_jax.spec_sampling import tree_speculative_sample
+from asd_jax.tree_verify import tree_asd_verify_traced, tree_greedy_verify, tree_paths
+
+
+def tree_attention(parents_BxN, committed_B, capacity: int, depth: int):
+  """Slots, positions offsets and visibility of the verification forward over [root, nodes].
+
+  Returns (slots_BxT, depth_BxT, visible_BxTxS) with T = N + 1: token 0 is the last committed
+  token (slot n-1), node i sits in slot n + i; each sees the committed prefix, the root and
+  its own ancestors (itself included).
+  """
+  paths_BxNxD, depth_BxN, _ = jax.vmap(lambda p: tree_paths(p, depth))(parents_BxN)
+  n_B = committed_B
+  b, n_nodes = parents_BxN.shape
+  slots_BxT = jnp.concatenate([(n_B - 1)[:, None], n_B[:, None] + jnp.arange(n_nodes)], axis=1)
+  anc_slots_BxNxD = jnp.where(paths_BxNxD >= 0, n_B[:, None, None] + paths_BxNxD, -1)
+  s_S = jnp.arange(capacity)
+  committed_BxS = s_S[None] < n_B[:, None]  # the root (slot n-1) included
+  nodes_visible = committed_BxS[:, None, :] | (
+      s_S[None, None, :, None] == anc_slots_BxNxD[:, :, None, :]).any(-1)
+  visible_BxTxS = jnp.concatenate([committed_BxS[:, None, :], nodes_visible], axis=1)
+  depth_BxT = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), depth_BxN], axis=1)
+  return slots_BxT, depth_BxT, visible_BxTxS
+
+
+def _verify_tree(rule, tokens, parents, draft_logits, target_logits, spent_B, asd_scalars, key,
+                 sampling: SamplingConfig, normalize_q: bool, depth: int):
+  if rule == "strict":
+    return tree_greedy_verify(tokens, parents, target_logits, spent_B, max_depth=depth,
+                              check_values=False)
+  if rule == "asd":
+    return tree_asd_verify_traced(tokens, parents, target_logits, spent_B, *asd_scalars,
+                                  depth=depth, normalize_q=normalize_q)
+  out = tree_speculative_sample(tokens, parents, draft_logits, target_logits, key,
+                                temperature=sampling.temperature, top_k=sampling.top_k,
+                                top_p=sampling.top_p, max_depth=depth, check_values=False)
+  return out._replace(spent=spent_B)
+
+
+@functools.partial(jax.jit, static_argnames=(
+    "target", "drafter", "rule", "sampling", "normalize_q", "max_new_tokens", "capacity",
+    "eos_ids"))
+def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, drafter_params,
+                 prompt_BxT, lengths_B, max_new_B, asd_scalars, rng, *, rule: str,
+                 sampling: SamplingConfig, normalize_q: bool, max_new_tokens: int,
+                 capacity: int, eos_ids: tuple[int, ...]) -> SpecDecodeResult:
+  b = prompt_BxT.shape[0]
+  depth = drafter.shape.depth
+  window = drafter.shape.window
+  target_cache = target.init_cache(b, capacity)
+  first_logits_BxV, _, target_cache = target.prefill(target_params, prompt_BxT, lengths_B,
+                                                     target_cache)
+  drafter_state = drafter.prefill(drafter_params, prompt_BxT, lengths_B, capacity)
+  state = initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampling,
+                        eos_ids, max_new_tokens=max_new_tokens, depth=depth,
+                        target_cache=target_cache, drafter_state=drafter_state,
+                        history_width=capacity)
+
+  def cond(s: _RoundState):
+    return ~jnp.all(s.done_B) & (s.round < max_new_tokens)
+
+  def body(s: _RoundState):
+    rng, k_draft, k_verify = jax.random.split(s.rng, 3)
+    n_B = s.committed_B
+    # Positions below 0 (short prompts) re-feed position 0: the same token, the same entry.
+    window_pos_BxW = jnp.maximum(n_B[:, None] - window + jnp.arange(window), 0)
+    window_BxW = jnp.take_along_axis(s.history_BxS, window_pos_BxW, axis=1)
+    tokens_BxN, parents_BxN, node_depth_BxN, draft_logits, drafter_state = drafter.propose(
+        drafter_params, s.drafter_state, window_BxW, window_pos_BxW, n_B, k_draft, sampling)
+
+    slots_BxT, depth_BxT, visible_BxTxS = tree_attention(parents_BxN, n_B, capacity, depth)
+    root_B = s.recent_Bx2[:, 1]
+    block_BxT = jnp.concatenate([root_B[:, None], tokens_BxN], axis=1)
+    positions_BxT = (n_B - 1)[:, None] + depth_BxT
+    target_logits, _, target_cache = target.tree_forward(
+        target_params, block_BxT, positions_BxT, slots_BxT, visible_BxTxS, s.target_cache)
+    verdict = _verify_tree(rule, tokens_BxN, parents_BxN, draft_logits, target_logits,
+                           s.stats.asd_spent_B, asd_scalars, k_verify, sampling, normalize_q,
+                           depth)
+    # Compact: node path[i] (slot n + path[i]) moves to slot n + i for i < accepted.
+    d_D = jnp.arange(depth)
+    on_path_BxD = d_D[None] < verdict.num_accepted[:, None]
+    src_BxD = n_B[:, None] + jnp.maximum(verdict.path, 0)
+    dst_BxD = jnp.where(on_path_BxD & ~s.done_B[:, None], n_B[:, None] + d_D, capacity)
+    target_cache = target.move_slots(target_cache, src_BxD, dst_BxD)
+    path_tokens_BxD = jnp.where(on_path_BxD, jnp.take_along_axis(
+        tokens_BxN, jnp.maximum(verdict.path, 0), axis=1), 0)
+    s = s.replace(round=s.round + 1, target_cache=target_cache, drafter_state=drafter_state,
+                  rng=rng)
+    return _commit(s, path_tokens_BxD, verdict, max_new_B, eos_ids)
+
+  state = jax.lax.while_loop(cond, body, state)
+  return finish(state, max_new_tokens)
+
+
+def asd_tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter,
+                    drafter_params, prompt_BxT, lengths_B, *, max_new_tokens: int,
+                    rule: str = "strict",
+                    asd_config: ASDConfig = ASDConfig(budget=8.0, gate=0.25, max_exceptions=2),
+                    sampling: SamplingConfig = SamplingConfig(), eos_ids=(), seed: int = 0,
+                    max_new_B=None, capacity: int | None = None) -> SpecDecodeResult:
+  """Tree speculative decoding; the same contract and guarantees as `asd_decode`.
+
+  strict (and asd at budget 0) give exactly the target's greedy output; sample is lossless
+  when the drafter draws children i.i.d. (lm_tree_drafter does under sampling). DecodeStats'
+  per-position acceptance is per tree depth.
+  """
+  if not isinstance(drafter, TreeDrafter):
+    raise TypeError(f"drafter must be a TreeDrafter, got {type(drafter).__name__}")
+  if target.tree_forward is None or target.move_slots is None:
+    raise ValueError(f"target {target.name!r} has no tree_forward/move_slots; it cannot verify "
+                     "trees")
+  shape = drafter.shape
+  lookahead = max(shape.num_nodes if sampling.greedy else shape.pool_size,
+                  (shape.depth - 1) * shape.top_k) + 1
+  req = prepare_request(target, drafter.vocab_size, prompt_BxT, lengths_B, rule=rule,
+                        asd_config=asd_config, sampling=sampling, eos_ids=eos_ids,
+                        max_new_tokens=max_new_tokens, max_new_B=max_new_B, capacity=capacity,
+                        lookahead=lookahead, what=f"tree {shape}", seed=seed)
+  return _tree_decode(target, target_params, drafter, drafter_params, *req.arrays, rule=rule,
+                      sampling=sampling, normalize_q=asd_config.normalize_q,
+                      max_new_tokens=req.max_new_tokens, capacity=req.capacity,
+                      eos_ids=req.eos_ids)
