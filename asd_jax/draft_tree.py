@@ -73,7 +73,7 @@ class TreeDrafter:
   """Pure functions of a tree drafter; hashes by identity (a static jit argument).
 
   prefill(params, prompt_BxT, lengths_B, capacity) -> state
-  propose(params, state, window_BxW, window_positions_BxW, committed_B, rng, sampling)
+  propose(params, state, window_BxW, window_positions_BxW, committed_B, rng, sampling, capacity)
       -> (tokens_BxN, parents_BxN, depth_BxN, draft_logits_BxNxV | None, state)
       parents index nodes (-1 = child of the root), parents[n] < n; depth is 1-based; draft
       logits (sampling only) row 0 = root's children distribution, row n+1 = node n's.
@@ -112,14 +112,13 @@ def lm_tree_drafter(fns: LanguageModelFns, shape: TreeShape) -> TreeDrafter:
     cache = fns.init_cache(prompt_BxT.shape[0], capacity)
     return fns.prefill(params, prompt_BxT, lengths_B, cache)[2]
 
-  def propose(params, cache, window_BxW, window_pos_BxW, committed_B, rng, sampling):
+  def propose(params, cache, window_BxW, window_pos_BxW, committed_B, rng, sampling, capacity):
     b = window_BxW.shape[0]
     keys = jax.random.split(rng, d_max)
     logits_BxWxV, _, cache = fns.forward(params, window_BxW, window_pos_BxW, cache)
     root_logits_BxV = logits_BxWxV[:, -1]
     tok_Bxk, lp_Bxk = (x[:, 0] for x in _children(root_logits_BxV[:, None], keys[0], k,
                                                   sampling))
-    capacity = jax.tree_util.tree_leaves(cache)[0].shape[2]
     pool_tok = jnp.zeros((b, pool), jnp.int32).at[:, :k].set(tok_Bxk)
     pool_lp = jnp.full((b, pool), -jnp.inf).at[:, :k].set(lp_Bxk)
     pool_parent = jnp.full((b, pool), -1, jnp.int32)

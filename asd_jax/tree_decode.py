@@ -91,7 +91,8 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
     window_pos_BxW = jnp.maximum(n_B[:, None] - window + jnp.arange(window), 0)
     window_BxW = jnp.take_along_axis(s.history_BxS, window_pos_BxW, axis=1)
     tokens_BxN, parents_BxN, node_depth_BxN, draft_logits, drafter_state = drafter.propose(
-        drafter_params, s.drafter_state, window_BxW, window_pos_BxW, n_B, k_draft, sampling)
+        drafter_params, s.drafter_state, window_BxW, window_pos_BxW, n_B, k_draft, sampling,
+        capacity)
 
     slots_BxT, depth_BxT, visible_BxTxS = tree_attention(parents_BxN, n_B, capacity, depth)
     root_B = s.recent_Bx2[:, 1]
