@@ -72,11 +72,19 @@ class TreeShape:
 class TreeDrafter:
   """Pure functions of a tree drafter; hashes by identity (a static jit argument).
 
-  prefill(params, prompt_BxT, lengths_B, capacity) -> state
-  propose(params, state, window_BxW, window_positions_BxW, committed_B, rng, sampling, capacity)
-      -> (tokens_BxN, parents_BxN, depth_BxN, draft_logits_BxNxV | None, state)
+  prefill(params, prompt_BxT, lengths_B, capacity, features_BxTxF) -> state
+  propose(params, state, window_BxW, window_positions_BxW, committed_B, rng, sampling,
+          capacity, features_BxWxF) -> (tokens_BxN, parents_BxN, depth_BxN,
+                                        draft_logits_BxNxV | None, state)
       parents index nodes (-1 = child of the root), parents[n] < n; depth is 1-based; draft
       logits (sampling only) row 0 = root's children distribution, row n+1 = node n's.
+      features_BxWxF: the target's hidden features at the window positions when
+      `feature_layers` is set (valid for every position but the last, which the target has not
+      processed yet), else None.
+
+  feature_layers: target layers whose outputs (pre-norm residual stream, the decoder's
+  `hidden_layers` convention) the drafter reads; the target's `LanguageModelFns` must return
+  exactly these, in this order, as its hidden states.
   """
 
   prefill: Callable[..., Any]
@@ -84,6 +92,7 @@ class TreeDrafter:
   shape: TreeShape
   vocab_size: int
   name: str = "tree-drafter"
+  feature_layers: tuple[int, ...] = ()
 
 
 def _children(logits_BxMxV, key, k, sampling: SamplingConfig):
@@ -101,81 +110,111 @@ def _children(logits_BxMxV, key, k, sampling: SamplingConfig):
   return tok_BxMxk, logq_BxMxk
 
 
+def grow_dynamic_tree(root_logits_BxV, expand, carry_root, shape: TreeShape, sampling,
+                      keys, committed_B, capacity: int, slot_offset: int = 0):
+  """Grows an EAGLE-2 dynamic tree (module docstring) from any expansion function.
+
+  Args:
+    root_logits_BxV: draft logits over the target vocabulary for the root's children.
+    expand(front_tok_Bxk, carry_Bxk, positions_Bxk, slots_Bxk, visible_BxkxS)
+        -> (logits_BxkxV over the target vocabulary, new_carry_Bxk)
+      Runs the drafter on the k frontier nodes (writing its cache entries at `slots_Bxk`).
+      `carry` is per-node payload the expansion needs (EAGLE: the drafter's hidden state).
+    carry_root: payload of the root's children, leading axes [B, k] (or None).
+    slot_offset: the frontier of depth d >= 2 goes to scratch slots starting at
+      n + slot_offset + (d-2) k, at position n - 1 + (d - 1) + slot_offset, and sees committed
+      slots < n + slot_offset (0 for LMs; -1 for EAGLE, whose entry p pairs token p+1).
+
+  Returns (tokens_BxN, parents_BxN, depth_BxN, draft_logits_BxNxV | None).
+  """
+  b = root_logits_BxV.shape[0]
+  d_max, k, pool = shape.depth, shape.top_k, shape.pool_size
+  tok_Bxk, lp_Bxk = (x[:, 0] for x in _children(root_logits_BxV[:, None], keys[0], k, sampling))
+  vocab = root_logits_BxV.shape[-1]
+  pool_tok = jnp.zeros((b, pool), jnp.int32).at[:, :k].set(tok_Bxk)
+  pool_lp = jnp.full((b, pool), -jnp.inf).at[:, :k].set(lp_Bxk)
+  pool_parent = jnp.full((b, pool), -1, jnp.int32)
+  pool_depth = jnp.zeros((b, pool), jnp.int32).at[:, :k].set(1)
+  # Draft distribution rows per candidate (sampling only): the logits its children came from.
+  pool_logits = None if sampling.greedy else jnp.zeros((b, pool, vocab), jnp.float32)
+  front_idx_Bxk = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b, k))
+  front_anc_BxkxD = jnp.full((b, k, d_max), -1, jnp.int32)  # ancestors' scratch slots
+  carry = carry_root
+  slot_iota_S = jnp.arange(capacity)
+  base_B = committed_B + slot_offset
+  rows_Bx1 = jnp.arange(b)[:, None]
+
+  for d in range(2, d_max + 1):  # static and small: one drafter forward per depth
+    front_tok = jnp.take_along_axis(pool_tok, front_idx_Bxk, axis=1)
+    slots_Bxk = base_B[:, None] + (d - 2) * k + jnp.arange(k)
+    anc_BxkxD = front_anc_BxkxD.at[:, :, d - 2].set(slots_Bxk)
+    visible_BxkxS = (slot_iota_S[None, None] < base_B[:, None, None]) | (
+        slot_iota_S[None, None, :, None] == anc_BxkxD[:, :, None, :]).any(-1)
+    positions_Bxk = jnp.broadcast_to(base_B[:, None] - 1 + (d - 1), (b, k))
+    logits_BxkxV, new_carry = expand(front_tok, carry, positions_Bxk, slots_Bxk, visible_BxkxS)
+    child_tok, child_lp = _children(logits_BxkxV, keys[d - 1], k, sampling)
+    parent_lp = jnp.take_along_axis(pool_lp, front_idx_Bxk, axis=1)
+    cand_lp_BxK2 = (parent_lp[:, :, None] + child_lp).reshape(b, k * k)
+    start = k + (d - 2) * k * k
+    cand = slice(start, start + k * k)
+    pool_tok = pool_tok.at[:, cand].set(child_tok.reshape(b, k * k))
+    pool_lp = pool_lp.at[:, cand].set(cand_lp_BxK2)
+    pool_parent = pool_parent.at[:, cand].set(jnp.repeat(front_idx_Bxk, k, axis=1))
+    pool_depth = pool_depth.at[:, cand].set(d)
+    if pool_logits is not None:
+      pool_logits = pool_logits.at[rows_Bx1, front_idx_Bxk].set(logits_BxkxV)
+    # Next frontier: the k best new candidates (top_k keeps the earliest on ties).
+    best_Bxk = jax.lax.top_k(cand_lp_BxK2, k)[1]
+    front_idx_Bxk = (start + best_Bxk).astype(jnp.int32)
+    parent_of_best = best_Bxk // k
+    front_anc_BxkxD = jnp.take_along_axis(anc_BxkxD, parent_of_best[:, :, None], axis=1)
+    if new_carry is not None:
+      carry = jnp.take_along_axis(new_carry, parent_of_best.reshape(
+          b, k, *([1] * (new_carry.ndim - 2))), axis=1)
+
+  if sampling.greedy:
+    # Best N by cumulative log-prob, ties to the earlier candidate; then back to pool order,
+    # which is topological (parents come first).
+    keep_BxN = jnp.sort(jax.lax.top_k(pool_lp, shape.num_nodes)[1], axis=1)
+  else:
+    keep_BxN = jnp.broadcast_to(jnp.arange(pool, dtype=jnp.int32), (b, pool))
+  tokens_BxN = jnp.take_along_axis(pool_tok, keep_BxN, axis=1)
+  depth_BxN = jnp.take_along_axis(pool_depth, keep_BxN, axis=1)
+  parent_pool_BxN = jnp.take_along_axis(pool_parent, keep_BxN, axis=1)
+  # pool index -> node index (kept nodes only; parents of kept nodes are always kept).
+  node_of_pool = jnp.full((b, pool), -1, jnp.int32).at[rows_Bx1, keep_BxN].set(
+      jnp.arange(keep_BxN.shape[1], dtype=jnp.int32))
+  parents_BxN = jnp.where(parent_pool_BxN >= 0, jnp.take_along_axis(
+      node_of_pool, jnp.maximum(parent_pool_BxN, 0), axis=1), -1)
+  draft_logits = None
+  if pool_logits is not None:
+    node_logits = jnp.take_along_axis(pool_logits, keep_BxN[:, :, None], axis=1)
+    draft_logits = jnp.concatenate([root_logits_BxV[:, None], node_logits[:, :-1]], axis=1)
+  return tokens_BxN, parents_BxN, depth_BxN, draft_logits
+
+
 def lm_tree_drafter(fns: LanguageModelFns, shape: TreeShape) -> TreeDrafter:
   """A dynamic-tree drafter from any language model with `tree_forward` (own KV cache)."""
   if fns.tree_forward is None:
     raise ValueError(f"model {fns.name!r} has no tree_forward; it cannot draft trees")
-  d_max, k = shape.depth, shape.top_k
-  pool = shape.pool_size
 
-  def prefill(params, prompt_BxT, lengths_B, capacity):
+  def prefill(params, prompt_BxT, lengths_B, capacity, features_BxTxF=None):
     cache = fns.init_cache(prompt_BxT.shape[0], capacity)
     return fns.prefill(params, prompt_BxT, lengths_B, cache)[2]
 
-  def propose(params, cache, window_BxW, window_pos_BxW, committed_B, rng, sampling, capacity):
-    b = window_BxW.shape[0]
-    keys = jax.random.split(rng, d_max)
+  def propose(params, cache, window_BxW, window_pos_BxW, committed_B, rng, sampling, capacity,
+              features_BxWxF=None):
+    keys = jax.random.split(rng, shape.depth)
     logits_BxWxV, _, cache = fns.forward(params, window_BxW, window_pos_BxW, cache)
-    root_logits_BxV = logits_BxWxV[:, -1]
-    tok_Bxk, lp_Bxk = (x[:, 0] for x in _children(root_logits_BxV[:, None], keys[0], k,
-                                                  sampling))
-    pool_tok = jnp.zeros((b, pool), jnp.int32).at[:, :k].set(tok_Bxk)
-    pool_lp = jnp.full((b, pool), -jnp.inf).at[:, :k].set(lp_Bxk)
-    pool_parent = jnp.full((b, pool), -1, jnp.int32)
-    pool_depth = jnp.zeros((b, pool), jnp.int32).at[:, :k].set(1)
-    vocab = root_logits_BxV.shape[-1]
-    # Draft distribution rows per candidate (sampling only): the logits its children came from.
-    pool_logits = (None if sampling.greedy else
-                   jnp.zeros((b, pool, vocab), jnp.float32))
-    front_idx_Bxk = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b, k))
-    front_anc_BxkxD = jnp.full((b, k, d_max), -1, jnp.int32)  # ancestors' scratch slots
-    slot_iota_S = jnp.arange(capacity)
 
-    for d in range(2, d_max + 1):  # static, small: one drafter forward per depth
-      front_tok = jnp.take_along_axis(pool_tok, front_idx_Bxk, axis=1)
-      slots_Bxk = committed_B[:, None] + (d - 2) * k + jnp.arange(k)
-      anc_BxkxD = front_anc_BxkxD.at[:, :, d - 2].set(slots_Bxk)
-      visible_BxkxS = (slot_iota_S[None, None] < committed_B[:, None, None]) | (
-          slot_iota_S[None, None, :, None] == anc_BxkxD[:, :, None, :]).any(-1)
-      positions_Bxk = jnp.broadcast_to(committed_B[:, None] - 1 + (d - 1), (b, k))
-      logits_BxkxV, _, cache = fns.tree_forward(params, front_tok, positions_Bxk, slots_Bxk,
-                                                visible_BxkxS, cache)
-      child_tok, child_lp = _children(logits_BxkxV, keys[d - 1], k, sampling)
-      parent_lp = jnp.take_along_axis(pool_lp, front_idx_Bxk, axis=1)
-      cand_lp_BxK2 = (parent_lp[:, :, None] + child_lp).reshape(b, k * k)
-      start = k + (d - 2) * k * k
-      cand = slice(start, start + k * k)
-      pool_tok = pool_tok.at[:, cand].set(child_tok.reshape(b, k * k))
-      pool_lp = pool_lp.at[:, cand].set(cand_lp_BxK2)
-      pool_parent = pool_parent.at[:, cand].set(jnp.repeat(front_idx_Bxk, k, axis=1))
-      pool_depth = pool_depth.at[:, cand].set(d)
-      if pool_logits is not None:
-        rows = jnp.arange(b)[:, None]
-        pool_logits = pool_logits.at[rows, front_idx_Bxk].set(logits_BxkxV)
-      # Next frontier: the k best new candidates (top_k keeps the earliest on ties).
-      best_Bxk = jax.lax.top_k(cand_lp_BxK2, k)[1]
-      front_idx_Bxk = (start + best_Bxk).astype(jnp.int32)
-      front_anc_BxkxD = jnp.take_along_axis(anc_BxkxD, (best_Bxk // k)[:, :, None], axis=1)
+    def expand(front_tok, carry, positions, slots, visible):
+      nonlocal cache
+      logits, _, cache = fns.tree_forward(params, front_tok, positions, slots, visible, cache)
+      return logits, None
 
-    if sampling.greedy:
-      # Best N by cumulative log-prob, ties to the earlier candidate; then back to pool order,
-      # which is topological (parents come first).
-      keep_BxN = jnp.sort(jax.lax.top_k(pool_lp, shape.num_nodes)[1], axis=1)
-    else:
-      keep_BxN = jnp.broadcast_to(jnp.arange(pool, dtype=jnp.int32), (b, pool))
-    tokens_BxN = jnp.take_along_axis(pool_tok, keep_BxN, axis=1)
-    depth_BxN = jnp.take_along_axis(pool_depth, keep_BxN, axis=1)
-    parent_pool_BxN = jnp.take_along_axis(pool_parent, keep_BxN, axis=1)
-    # pool index -> node index (kept nodes only; parents of kept nodes are always kept).
-    node_of_pool = jnp.full((b, pool), -1, jnp.int32).at[
-        jnp.arange(b)[:, None], keep_BxN].set(jnp.arange(keep_BxN.shape[1], dtype=jnp.int32))
-    parents_BxN = jnp.where(parent_pool_BxN >= 0, jnp.take_along_axis(
-        node_of_pool, jnp.maximum(parent_pool_BxN, 0), axis=1), -1)
-    draft_logits = None
-    if pool_logits is not None:
-      node_logits = jnp.take_along_axis(pool_logits, keep_BxN[:, :, None], axis=1)
-      draft_logits = jnp.concatenate([root_logits_BxV[:, None], node_logits[:, :-1]], axis=1)
-    return tokens_BxN, parents_BxN, depth_BxN, draft_logits, cache
+    tree = grow_dynamic_tree(logits_BxWxV[:, -1], expand, None, shape, sampling, keys,
+                             committed_B, capacity)
+    return (*tree, cache)
 
   return TreeDrafter(prefill=prefill, propose=propose, shape=shape, vocab_size=fns.vocab_size,
                      name=fns.name)

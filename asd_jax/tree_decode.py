@@ -48,6 +48,17 @@ def tree_attention(parents_BxN, committed_B, capacity: int, depth: int):
   return slots_BxT, depth_BxT, visible_BxTxS
 
 
+def _flat_features(hidden_BxTxNxD, feature_layers):
+  """[B, T, N*D] target features; the target must return exactly the drafter's layers."""
+  if hidden_BxTxNxD is None or hidden_BxTxNxD.shape[2] != len(feature_layers):
+    got = None if hidden_BxTxNxD is None else hidden_BxTxNxD.shape
+    raise ValueError(f"the drafter reads target layers {feature_layers}, but the target "
+                     f"returns hidden states of shape {got}; build the target's functions "
+                     f"with hidden_layers={feature_layers}")
+  b, t, n, d = hidden_BxTxNxD.shape
+  return hidden_BxTxNxD.reshape(b, t, n * d)
+
+
 def _verify_tree(rule, tokens, parents, draft_logits, target_logits, spent_B, asd_scalars, key,
                  sampling: SamplingConfig, normalize_q: bool, depth: int):
   if rule == "strict":
@@ -73,9 +84,16 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
   depth = drafter.shape.depth
   window = drafter.shape.window
   target_cache = target.init_cache(b, capacity)
-  first_logits_BxV, _, target_cache = target.prefill(target_params, prompt_BxT, lengths_B,
-                                                     target_cache)
-  drafter_state = drafter.prefill(drafter_params, prompt_BxT, lengths_B, capacity)
+  first_logits_BxV, hidden, target_cache = target.prefill(target_params, prompt_BxT, lengths_B,
+                                                          target_cache)
+  features_BxSxF = None
+  if drafter.feature_layers:
+    prompt_features = _flat_features(hidden, drafter.feature_layers)
+    features_BxSxF = jnp.zeros((b, capacity, prompt_features.shape[-1]), prompt_features.dtype)
+    features_BxSxF = features_BxSxF.at[:, :prompt_BxT.shape[1]].set(prompt_features)
+  drafter_state = drafter.prefill(drafter_params, prompt_BxT, lengths_B, capacity,
+                                  None if features_BxSxF is None else prompt_features)
+  drafter_state = (drafter_state, features_BxSxF)
   state = initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampling,
                         eos_ids, max_new_tokens=max_new_tokens, depth=depth,
                         target_cache=target_cache, drafter_state=drafter_state,
@@ -90,15 +108,19 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
     # Positions below 0 (short prompts) re-feed position 0: the same token, the same entry.
     window_pos_BxW = jnp.maximum(n_B[:, None] - window + jnp.arange(window), 0)
     window_BxW = jnp.take_along_axis(s.history_BxS, window_pos_BxW, axis=1)
+    drafter_state, features_BxSxF = s.drafter_state
+    window_features = None
+    if features_BxSxF is not None:
+      window_features = jnp.take_along_axis(features_BxSxF, window_pos_BxW[:, :, None], axis=1)
     tokens_BxN, parents_BxN, node_depth_BxN, draft_logits, drafter_state = drafter.propose(
-        drafter_params, s.drafter_state, window_BxW, window_pos_BxW, n_B, k_draft, sampling,
-        capacity)
+        drafter_params, drafter_state, window_BxW, window_pos_BxW, n_B, k_draft, sampling,
+        capacity, window_features)
 
     slots_BxT, depth_BxT, visible_BxTxS = tree_attention(parents_BxN, n_B, capacity, depth)
     root_B = s.recent_Bx2[:, 1]
     block_BxT = jnp.concatenate([root_B[:, None], tokens_BxN], axis=1)
     positions_BxT = (n_B - 1)[:, None] + depth_BxT
-    target_logits, _, target_cache = target.tree_forward(
+    target_logits, hidden, target_cache = target.tree_forward(
         target_params, block_BxT, positions_BxT, slots_BxT, visible_BxTxS, s.target_cache)
     verdict = _verify_tree(rule, tokens_BxN, parents_BxN, draft_logits, target_logits,
                            s.stats.asd_spent_B, asd_scalars, k_verify, sampling, normalize_q,
@@ -111,8 +133,18 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
     target_cache = target.move_slots(target_cache, src_BxD, dst_BxD)
     path_tokens_BxD = jnp.where(on_path_BxD, jnp.take_along_axis(
         tokens_BxN, jnp.maximum(verdict.path, 0), axis=1), 0)
-    s = s.replace(round=s.round + 1, target_cache=target_cache, drafter_state=drafter_state,
-                  rng=rng)
+    if features_BxSxF is not None:
+      # Keep the target's features of what was committed: the root (position n-1) and the
+      # accepted path (positions n..n+a-1); the recovery/bonus token has none yet.
+      new_BxTxF = _flat_features(hidden, drafter.feature_layers)
+      rows_BxD1 = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), 1 + jnp.maximum(
+          verdict.path, 0)], axis=1)
+      keep_BxD1 = jnp.concatenate([~s.done_B[:, None], on_path_BxD & ~s.done_B[:, None]], axis=1)
+      pos_BxD1 = jnp.where(keep_BxD1, (n_B - 1)[:, None] + jnp.arange(depth + 1), capacity)
+      features_BxSxF = features_BxSxF.at[jnp.arange(b)[:, None], pos_BxD1].set(
+          jnp.take_along_axis(new_BxTxF, rows_BxD1[:, :, None], axis=1), mode="drop")
+    s = s.replace(round=s.round + 1, target_cache=target_cache,
+                  drafter_state=(drafter_state, features_BxSxF), rng=rng)
     return _commit(s, path_tokens_BxD, verdict, max_new_B, eos_ids)
 
   state = jax.lax.while_loop(cond, body, state)
