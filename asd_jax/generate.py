@@ -5,6 +5,7 @@ Examples:
   python -m asd_jax.generate --target path/to/hf_folder --prompt-ids 1,2,3 --json
   python -m asd_jax.generate --prompt "..." --draft smollm2-135m-standalone --rule asd --k 4
   python -m asd_jax.generate --prompt "..." --draft self --rule strict      # self-draft check
+  python -m asd_jax.generate --prompt "..." --draft DIR --tree 4,4,16 --rule asd
 
 Without --draft: plain decoding. With --draft: --rule strict (default; output == plain greedy),
 asd (--budget/--gate/--max-exceptions, greedy only) or sample (lossless, uses --temperature).
@@ -23,7 +24,9 @@ from asd_jax.cli_common import enable_compilation_cache, parse_prompt_ids, right
 from asd_jax.asd_config import PAPER, ASDConfig
 from asd_jax.plain_decode import plain_decode
 from asd_jax.sampling import SamplingConfig
+from asd_jax.draft_tree import TreeShape
 from asd_jax.spec_decode import RULES, asd_decode
+from asd_jax.tree_decode import asd_tree_decode
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "target drafts for itself; a correctness check, not a speedup)")
   spec.add_argument("--rule", choices=RULES, help="verification rule (default: strict with a "
                     "draft; plain decoding without)")
+  spec.add_argument("--drafter", choices=("standalone", "eagle3", "medusa"),
+                    help="drafter kind (default: read from the drafter folder's config.json)")
   spec.add_argument("--k", type=int, default=4, help="draft block length K (default 4)")
+  spec.add_argument("--tree", help="DEPTH,TOPK,NODES: tree drafting (EAGLE-2 dynamic trees; "
+                    "Medusa static trees); chain drafting when absent")
   spec.add_argument("--budget", type=float, default=PAPER.budget, help="ASD regret budget B")
   spec.add_argument("--gate", type=float, default=PAPER.gate, help="ASD local gate g")
   spec.add_argument("--max-exceptions", type=int, default=PAPER.max_exceptions,
@@ -98,15 +105,20 @@ def main(argv=None):
                            max_exceptions=args.max_exceptions, normalize_q=args.normalize_q)
     if args.k <= 0:
       raise ValueError(f"--k must be a positive integer, got {args.k}")
-    drafter, drafter_params = _load_drafter(args.draft, loaded, fns, params, args.k, args.dtype)
+    from models.drafter_setup import setup_drafter
+    tree = TreeShape.parse(args.tree) if args.tree else None
+    setup = setup_drafter(args.draft, loaded, k=args.k, tree=tree, kind=args.drafter,
+                          dtype=args.dtype, target_name=args.target)
+    decode = asd_tree_decode if setup.engine == "tree" else asd_decode
     t0 = time.perf_counter()
-    result = jax.block_until_ready(asd_decode(
-        fns, params, drafter, drafter_params, prompt, lengths,
+    result = jax.block_until_ready(decode(
+        setup.target_fns, setup.target_params, setup.drafter, setup.params, prompt, lengths,
         max_new_tokens=args.max_new_tokens, rule=rule, asd_config=asd_config,
         sampling=sampling, eos_ids=eos, seed=args.seed))
     wall_s = time.perf_counter() - t0
     summary = result.stats.summary()
     stats = {"mode": "speculative", "rule": rule, "k": args.k, "draft": args.draft,
+             "drafter": setup.kind, "engine": setup.engine, "tree": args.tree,
              "rounds": summary["rounds"], "tau": summary["tau"],
              "accepted_per_position": summary["accepted_per_position"],
              "asd_exceptions": summary["asd_exceptions"][0],
@@ -136,18 +148,6 @@ def main(argv=None):
     print(text)
     print(f"\n[{n} tokens in {wall_s:.2f} s ({n / wall_s:.1f} tok/s incl. compile), "
           f"load {load_s:.2f} s]")
-
-
-def _load_drafter(name, loaded, target_fns, target_params, k, dtype):
-  """(ChainDrafter, params) for --draft: 'self' or a standalone drafter folder / name."""
-  from asd_jax.drafter_api import lm_chain_drafter
-  if name == "self":
-    return lm_chain_drafter(target_fns, k), target_params
-  from models.drafter_folder import load_standalone_drafter
-  from models.lm_fns import decoder_fns
-  model = load_standalone_drafter(name, target=loaded, dtype=dtype)
-  fns, params = decoder_fns(model, name=str(name))
-  return lm_chain_drafter(fns, k), params
 
 
 if __name__ == "__main__":

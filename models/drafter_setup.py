@@ -1,0 +1,96 @@
+"""From a drafter name or folder to what the engines need: one function for CLIs and benches.
+
+Kinds: "standalone" (a small LM with the target's tokenizer; chain or dynamic tree), "eagle3"
+(EAGLE-3 head; dynamic trees, a chain being the depth-K top-1 tree), "medusa" (Medusa heads;
+static trees). "self" makes the target its own standalone drafter (a correctness check).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from asd_jax.draft_tree import TreeDrafter, TreeShape, lm_tree_drafter
+from asd_jax.drafter_api import ChainDrafter, lm_chain_drafter
+from asd_jax.lm_api import LanguageModelFns
+from models.errors import CheckpointError
+from models.load import LoadedModel
+from models.lm_fns import decoder_fns
+
+KINDS = ("standalone", "eagle3", "medusa")
+
+
+@dataclasses.dataclass
+class DrafterSetup:
+  kind: str
+  drafter: ChainDrafter | TreeDrafter
+  params: Any
+  target_fns: LanguageModelFns  # with the hidden layers this drafter reads
+  target_params: Any
+
+  @property
+  def engine(self) -> str:
+    return "tree" if isinstance(self.drafter, TreeDrafter) else "chain"
+
+
+def infer_kind(name_or_path: str | os.PathLike) -> str:
+  """The drafter kind from a folder's config.json (or a known standalone name)."""
+  if str(name_or_path) == "self":
+    return "standalone"
+  from models.drafter_folder import resolve_drafter
+  folder = resolve_drafter(name_or_path)
+  try:
+    hf = json.loads((Path(folder) / "config.json").read_text())
+  except (OSError, ValueError) as e:
+    raise CheckpointError(f"{folder}/config.json: unreadable ({e})") from None
+  kind = hf.get("asd_jax_drafter")
+  if kind in KINDS:
+    return kind
+  if "LlamaForCausalLMEagle3" in (hf.get("architectures") or []):
+    return "eagle3"
+  return "standalone"
+
+
+def setup_drafter(name_or_path: str, target: LoadedModel, *, k: int,
+                  tree: TreeShape | None = None, kind: str | None = None,
+                  dtype: str = "float32", target_name: str = "target") -> DrafterSetup:
+  """Loads a drafter and builds the engine-side functions for it and for the target.
+
+  Chains (tree=None) use K = k; EAGLE-3 and Medusa always run in the tree engine (a chain is
+  the depth-k top-1 tree).
+  """
+  if isinstance(k, bool) or int(k) != k or k <= 0:
+    raise ValueError(f"K must be a positive integer, got {k!r}")
+  kind = kind or infer_kind(name_or_path)
+  if kind not in KINDS:
+    raise ValueError(f"unknown drafter kind {kind!r}; choose one of {KINDS}")
+  plain_fns, plain_params = decoder_fns(target.model, name=target_name)
+  if kind == "standalone":
+    if str(name_or_path) == "self":
+      fns, params = plain_fns, plain_params
+    else:
+      from models.drafter_folder import load_standalone_drafter
+      fns, params = decoder_fns(load_standalone_drafter(name_or_path, target=target,
+                                                        dtype=dtype), name=str(name_or_path))
+    drafter = lm_chain_drafter(fns, k) if tree is None else lm_tree_drafter(fns, tree)
+    return DrafterSetup(kind, drafter, params, plain_fns, plain_params)
+
+  from models.drafter_checkpoint import load_drafter
+  from models.drafter_folder import resolve_drafter
+  model = load_drafter(resolve_drafter(name_or_path), target, dtype=dtype)
+  shape = tree or TreeShape(depth=k, top_k=1, num_nodes=k)
+  if kind == "eagle3":
+    from models.eagle3 import eagle3_fns
+    from models.feature_drafters import eagle3_tree_drafter
+    fns, params = eagle3_fns(model)
+    drafter = eagle3_tree_drafter(fns, shape)
+  else:
+    from models.feature_drafters import medusa_drafter_params, medusa_tree_drafter
+    drafter = medusa_tree_drafter(model, target.model, shape)
+    params = medusa_drafter_params(model, target.model)
+  target_fns, target_params = decoder_fns(target.model, hidden_layers=drafter.feature_layers,
+                                          name=target_name)
+  return DrafterSetup(kind, drafter, params, target_fns, target_params)
