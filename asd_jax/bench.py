@@ -11,6 +11,7 @@ Modes (rows):
 Examples:
   python -m asd_jax.bench --mode ar --json out/bench_ar.json
   python -m asd_jax.bench --suite humaneval --num-prompts 4 --max-new-tokens 64 --skip-transformers
+  python -m asd_jax.bench --mode spec --draft smollm2-135m-standalone --k 4 --tree 4,4,16
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ RUNNERS: dict[str, RowRunner] = {
 }
 MODE_ROWS = {
     "ar": ("ours_plain_greedy", "transformers_generate_greedy"),
+    # spec: plain decoding plus, per --draft, strict and ASD (paper preset) chains and, with
+    # --tree, the same over trees; rows are added in main() from the flags.
+    "spec": ("ours_plain_greedy",),
 }
 TRANSFORMERS_ROWS = frozenset({"transformers_generate_greedy"})
 
@@ -62,7 +66,32 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--skip-transformers", action="store_true",
                  help="leave out the transformers reference row")
   p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
+  spec = p.add_argument_group("--mode spec")
+  spec.add_argument("--draft", default="smollm2-135m-standalone",
+                    help="comma-separated drafters (names, folders, or 'self')")
+  spec.add_argument("--k", type=int, default=4, help="chain block length K (default 4)")
+  spec.add_argument("--tree", help="DEPTH,TOPK,NODES: also run tree rows")
+  spec.add_argument("--no-chain", action="store_true", help="tree rows only")
   return p
+
+
+def spec_runners(args) -> dict[str, RowRunner]:
+  """The speculative rows --mode spec adds, by name, in run order."""
+  from asd_jax.bench_spec_rows import row_name, spec_row
+  from asd_jax.draft_tree import TreeShape
+  if args.k <= 0:
+    raise ValueError(f"--k must be positive, got {args.k}")
+  tree = TreeShape.parse(args.tree) if args.tree else None
+  shapes = ([] if args.no_chain else [None]) + ([tree] if tree else [])
+  if not shapes:
+    raise ValueError("--no-chain needs --tree")
+  runners = {}
+  for draft in [d for d in args.draft.split(",") if d]:
+    for shape in shapes:
+      for rule in ("strict", "asd"):
+        runners[row_name(draft, shape, args.k, rule, "paper")] = spec_row(
+            draft, k=args.k, tree=shape, rule=rule)
+  return runners
 
 
 def _check_args(args) -> tuple[str, ...]:
@@ -89,6 +118,11 @@ def main(argv=None):
   suites = _check_args(args)
   rows = tuple(r for r in MODE_ROWS[args.mode]
                if not (args.skip_transformers and r in TRANSFORMERS_ROWS))
+  runners = dict(RUNNERS)
+  if args.mode == "spec":
+    extra = spec_runners(args)
+    runners.update(extra)
+    rows = rows + tuple(extra)
   prompts = load_prompts(suites, args.num_prompts)
   enable_compilation_cache()
 
@@ -108,7 +142,7 @@ def main(argv=None):
   if not args.ignore_eos:
     ctx.eos_ids = eos_token_ids(tokenizer, ctx.jax_target[2].hf_config)
 
-  results = run_rows(ctx, [RUNNERS[name](ctx) for name in rows])
+  results = run_rows(ctx, [runners[name](ctx) for name in rows])
   table_rows = bench_report.row_dicts(results)
   config = config_dict(args, suites, rows)
   config["prompt_ids"] = {s: [p.prompt_id for p in prompts if p.suite == s] for s in suites}

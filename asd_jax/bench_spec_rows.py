@@ -1,0 +1,76 @@
+"""Benchmark rows for speculative decoding: one runner per (drafter, chain/tree, rule).
+
+Same harness as the plain row (asd_jax/bench_rows.py): prompts right-padded to multiples of
+PROMPT_BUCKET, batches filled with dummy rows that generate nothing, one untimed warm-up per
+compiled prompt width. tau = committed tokens / verification rounds over the whole run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from asd_jax.asd_config import PAPER, ASDConfig
+from asd_jax.bench_rows import PROMPT_BUCKET, Batch, BatchOutput, BenchContext, PreparedRow
+from asd_jax.draft_tree import TreeShape
+
+
+def row_name(draft: str, tree: TreeShape | None, k: int, rule: str, preset: str) -> str:
+  shape = f"tree{tree.depth}x{tree.top_k}x{tree.num_nodes}" if tree else f"chain_k{k}"
+  label = rule if rule != "asd" else f"asd_{preset}"
+  return f"{draft}_{shape}_{label}"
+
+
+def spec_row(draft: str, *, k: int, tree: TreeShape | None, rule: str,
+             asd_config: ASDConfig = PAPER, preset: str = "paper", kind: str | None = None):
+  """A RowRunner for speculative decoding with `draft` (name, folder, or 'self')."""
+
+  def runner(ctx: BenchContext) -> PreparedRow:
+    import jax
+
+    from asd_jax.cli_common import right_pad
+    from asd_jax.spec_decode import asd_decode
+    from asd_jax.tree_decode import asd_tree_decode
+    from models.drafter_setup import setup_drafter
+
+    _, _, loaded = ctx.jax_target
+    setup = setup_drafter(draft, loaded, k=k, tree=tree, kind=kind, target_name=ctx.target)
+    decode = asd_tree_decode if setup.engine == "tree" else asd_decode
+    n = ctx.max_new_tokens
+
+    def call(batch: Batch, max_new: int) -> BatchOutput:
+      rows = list(batch.rows)
+      filler = ctx.batch_size - len(rows)
+      prompt, lengths = right_pad(rows + [rows[-1]] * filler, bucket=PROMPT_BUCKET)
+      max_new_B = np.array([max_new] * len(rows) + [0] * filler, np.int32)
+      out = decode(setup.target_fns, setup.target_params, setup.drafter, setup.params, prompt,
+                   lengths, max_new_tokens=n, rule=rule, asd_config=asd_config,
+                   eos_ids=ctx.eos_ids, max_new_B=max_new_B)
+      tokens, counts, nonfinite, rounds, accepted = jax.device_get(
+          (out.tokens_BxN, out.num_generated_B, out.nonfinite_B, out.stats.rounds_B,
+           out.stats.accepted_B))
+      if nonfinite[:len(rows)].any():
+        raise ValueError("non-finite logits during the benchmark")
+      live = slice(0, len(rows))
+      return BatchOutput([tokens[b, :counts[b]].tolist() for b in range(len(rows))],
+                         rounds=int(rounds[live].sum()),
+                         round_tokens=int(rounds[live].sum() + accepted[live].sum()))
+
+    widths = {}
+    for batch in ctx.batches:
+      widths.setdefault(right_pad(list(batch.rows), bucket=PROMPT_BUCKET)[0].shape[1], batch)
+
+    def warmup():
+      for batch in widths.values():
+        call(batch, 1)
+
+    extra = {"draft": draft, "drafter": setup.kind, "engine": setup.engine, "rule": rule,
+             "k": k, "tree": None if tree is None else [tree.depth, tree.top_k, tree.num_nodes]}
+    if rule == "asd":
+      extra["asd_config"] = {"preset": preset, "budget": asd_config.budget,
+                             "gate": asd_config.gate,
+                             "max_exceptions": asd_config.max_exceptions,
+                             "normalize_q": asd_config.normalize_q}
+    return PreparedRow(row_name(draft, tree, k, rule, preset), lambda b: call(b, n), warmup,
+                       extra=extra)
+
+  return runner
