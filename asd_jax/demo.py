@@ -1,6 +1,8 @@
-"""`make demo`: the main job on the real default model (SmolLM2-135M-Instruct, CPU).
+"""`make demo`: speculative decoding on the real default model (SmolLM2-135M-Instruct, CPU).
 
-Loads the target, answers a few chat prompts with greedy decoding and reports timings.
+Loads the target and the shipped drafter(s), answers a few chat prompts with plain greedy
+decoding, strict speculative decoding (identical text) and ASD (paper preset), and prints the
+answers with tokens/s, tau and the speedup over plain decoding measured in this run.
 """
 
 from __future__ import annotations
@@ -8,40 +10,76 @@ from __future__ import annotations
 import time
 
 import jax
+import numpy as np
 
+from asd_jax.asd_config import PAPER
 from asd_jax.cli_common import enable_compilation_cache, right_pad
 from asd_jax.plain_decode import plain_decode
+from asd_jax.spec_decode import asd_decode
+from asd_jax.tree_decode import asd_tree_decode
 
 PROMPTS = (
     "What is the capital of France?",
     "Write a Python function that returns the n-th Fibonacci number.",
     "Give three tips for writing clear technical documentation.",
 )
+MAX_NEW = 96
+DRAFTERS = ("smollm2-135m-eagle3", "smollm2-135m-standalone")
+
+
+def _timed(fn):
+  fn()  # compile (and warm up) on the same shapes
+  t0 = time.perf_counter()
+  out = jax.block_until_ready(fn())
+  return out, time.perf_counter() - t0
 
 
 def main() -> None:
   enable_compilation_cache()
+  from models.drafter_folder import KNOWN_DRAFTERS
+  from models.drafter_setup import setup_drafter
   from models.load import DEFAULT_TARGET, load_decoder
-  from models.lm_fns import decoder_fns
   from models.tokenizer import encode_chat, eos_token_ids, load_tokenizer
 
   t0 = time.perf_counter()
-  loaded = load_decoder(DEFAULT_TARGET)
+  target = load_decoder(DEFAULT_TARGET)
   tokenizer = load_tokenizer(DEFAULT_TARGET)
-  print(f"loaded {DEFAULT_TARGET} ({loaded.cfg.num_layers} layers, vocab "
-        f"{loaded.cfg.vocab_size}) in {time.perf_counter() - t0:.1f} s on {jax.default_backend()}")
-  fns, params = decoder_fns(loaded.model)
-  eos = eos_token_ids(tokenizer, loaded.hf_config)
-  for i, prompt in enumerate(PROMPTS):
-    ids, lengths = right_pad([encode_chat(tokenizer, prompt)], bucket=64)
-    t0 = time.perf_counter()
-    out = jax.block_until_ready(
-        plain_decode(fns, params, ids, lengths, max_new_tokens=128, eos_ids=eos))
-    dt = time.perf_counter() - t0
-    n = int(out.num_generated_B[0])
-    text = tokenizer.decode(out.tokens_BxN[0, :n].tolist(), skip_special_tokens=True)
-    note = " (includes compilation)" if i == 0 else ""
-    print(f"\n>>> {prompt}\n{text}\n[{n} tokens, {dt:.2f} s, {n / dt:.1f} tok/s{note}]")
+  print(f"loaded {DEFAULT_TARGET} ({target.cfg.num_layers} layers, vocab "
+        f"{target.cfg.vocab_size}) in {time.perf_counter() - t0:.1f} s on {jax.default_backend()}")
+  eos = eos_token_ids(tokenizer, target.hf_config)
+  draft = next((d for d in DRAFTERS if d in KNOWN_DRAFTERS), None)
+  setup = setup_drafter(draft, target, k=4) if draft else None
+  if setup is None:
+    print("no shipped drafter found; showing plain decoding only")
+  print("(each configuration is compiled once first; timings exclude compilation)")
+
+  for prompt_text in PROMPTS:
+    prompt, lengths = right_pad([encode_chat(tokenizer, prompt_text)], bucket=64)
+    fns, params = (setup.target_fns, setup.target_params) if setup else (None, None)
+    if setup is None:
+      from models.lm_fns import decoder_fns
+      fns, params = decoder_fns(target.model)
+    plain, plain_s = _timed(lambda: plain_decode(fns, params, prompt, lengths,
+                                                 max_new_tokens=MAX_NEW, eos_ids=eos))
+    n = int(plain.num_generated_B[0])
+    text = tokenizer.decode(np.asarray(plain.tokens_BxN[0, :n]).tolist(), skip_special_tokens=True)
+    print(f"\n>>> {prompt_text}\n{text}")
+    print(f"  plain   {n / plain_s:6.1f} tok/s")
+    if setup is None:
+      continue
+    decode = asd_tree_decode if setup.engine == "tree" else asd_decode
+    for rule in ("strict", "asd"):
+      out, dt = _timed(lambda: decode(setup.target_fns, setup.target_params, setup.drafter,
+                                      setup.params, prompt, lengths, max_new_tokens=MAX_NEW,
+                                      rule=rule, asd_config=PAPER, eos_ids=eos))
+      m = int(out.num_generated_B[0])
+      same = np.array_equal(np.asarray(out.tokens_BxN[0, :m]), np.asarray(plain.tokens_BxN[0, :n]))
+      summary = out.stats.summary()
+      print(f"  {rule:7s} {m / dt:6.1f} tok/s  tau {summary['tau']:.2f}  "
+            f"speedup {(m / dt) / (n / plain_s):.2f}x  same text as plain: {same}"
+            + (f"  exceptions {summary['asd_exceptions'][0]}" if rule == "asd" else ""))
+  print(f"\ndrafter: {draft} ({setup.kind}, {setup.engine}); ASD preset: budget "
+        f"{PAPER.budget}, gate {PAPER.gate}, max exceptions {PAPER.max_exceptions}" if setup else "")
 
 
 if __name__ == "__main__":
