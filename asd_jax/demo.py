@@ -52,13 +52,12 @@ def main() -> None:
   if setup is None:
     print("no shipped drafter found; showing plain decoding only")
   print("(each configuration is compiled once first; timings exclude compilation)")
+  from models.lm_fns import decoder_fns
+  plain_fns, plain_params = decoder_fns(target.model)  # no hidden states: the honest baseline
 
   for prompt_text in PROMPTS:
     prompt, lengths = right_pad([encode_chat(tokenizer, prompt_text)], bucket=64)
-    fns, params = (setup.target_fns, setup.target_params) if setup else (None, None)
-    if setup is None:
-      from models.lm_fns import decoder_fns
-      fns, params = decoder_fns(target.model)
+    fns, params = plain_fns, plain_params
     plain, plain_s = _timed(lambda: plain_decode(fns, params, prompt, lengths,
                                                  max_new_tokens=MAX_NEW, eos_ids=eos))
     n = int(plain.num_generated_B[0])
