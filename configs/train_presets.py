@@ -1,0 +1,146 @@
+"""Training recipes for `python -m vsd_jax.train`: frozen dataclasses and a name -> preset table.
+
+A preset fixes everything that shapes the compiled train step (model pair, drafter, sequence
+length, batch) and the schedule; the CLI only picks one and may override fields with
+`--set field=value`. `tiny` builds a random target in-process (tests, laptops).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """How `python -m vsd_jax.build_dataset` makes the dataset a preset trains on."""
+
+  num_prompts: int = 700  # training prompts (scripts/training_prompts.py, disjoint from eval)
+  heldout_prompts: int = 48  # held-out split: same generator, later prompts
+  prompt_seed: int = 0
+  max_new_tokens: int = 128  # the target's greedy answer length cap
+  gen_batch: int = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  name: str
+  target: str = "smollm2-135m"  # a models/registry name or path; "tiny": random, in-process
+  drafter: str = "eagle3"  # eagle3 | medusa | standalone
+  data: DataConfig = DataConfig()
+  data_dir: str = ""  # default: out/data/<preset name> (see `dataset_dir`)
+  # drafter shapes
+  draft_vocab_size: int = 8192  # EAGLE-3 reduced vocabulary (frequency-ranked on train data)
+  fused_layers: tuple[int, ...] = ()  # EAGLE-3 target layers; (): EAGLE-3's default
+  ttt_steps: int = 4  # EAGLE-3 training-time-test unroll
+  ttt_step_decay: float = 0.8  # weight of unroll step j is decay**j (EAGLE-3)
+  medusa_heads: int = 4
+  standalone_layers: tuple[int, ...] = (0,)  # target layers copied into the standalone drafter
+  # batch
+  seq_len: int = 256
+  batch_size: int = 8  # global; must divide by the mesh's data axis
+  features: str = "online"  # online: target forward in the step | offline: cached features
+  # optimiser
+  steps: int = 1000
+  lr: float = 3e-4
+  warmup_steps: int = 50
+  end_lr_ratio: float = 0.1
+  weight_decay: float = 0.0
+  clip_norm: float = 0.5
+  b1: float = 0.9
+  b2: float = 0.95
+  dtype: str = "float32"  # float32 | bfloat16 (drafter compute and frozen target)
+  seed: int = 0  # parameter init and the step RNG
+  data_seed: int = 0  # example order
+  # bookkeeping
+  log_every: int = 10
+  eval_every: int = 100
+  eval_examples: int = 48  # held-out examples per evaluation (0: all)
+  eval_k: int = 4  # simulated chain length
+  eval_tree: tuple[int, int] = (4, 4)  # simulated tree (depth, top-k per depth); (0, 0): off
+  ckpt_every: int = 100
+  keep_checkpoints: int = 3
+  # tiny random target (target == "tiny")
+  tiny_vocab: int = 64
+  tiny_width: int = 32
+  tiny_layers: int = 2
+
+  def __post_init__(self):
+    if self.drafter not in DRAFTERS:
+      raise ValueError(f"drafter must be one of {DRAFTERS}, got {self.drafter!r}")
+    if self.dtype not in ("float32", "bfloat16"):
+      raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+    if self.features not in ("online", "offline"):
+      raise ValueError(f"features must be online or offline, got {self.features!r}")
+    for f in ("seq_len", "batch_size", "steps", "ttt_steps", "medusa_heads", "eval_k"):
+      if getattr(self, f) <= 0:
+        raise ValueError(f"{f} must be positive, got {getattr(self, f)}")
+
+  def dataset_dir(self) -> str:
+    return self.data_dir or f"out/data/{self.name}"
+
+
+DRAFTERS = ("eagle3", "medusa", "standalone")
+
+_TINY_DATA = DataConfig(num_prompts=96, heldout_prompts=16, max_new_tokens=24, gen_batch=16)
+
+PRESETS: dict[str, TrainConfig] = {
+    "tiny": TrainConfig(
+        name="tiny", target="tiny", drafter="eagle3", data=_TINY_DATA, draft_vocab_size=48,
+        fused_layers=(-1, 0, 1), ttt_steps=3, seq_len=32, batch_size=8, steps=40, lr=3e-3, warmup_steps=5,
+        log_every=5, eval_every=20, eval_examples=16, ckpt_every=10, eval_tree=(3, 2)),
+    "tiny_medusa": TrainConfig(
+        name="tiny_medusa", target="tiny", drafter="medusa", data=_TINY_DATA,
+        data_dir="out/data/tiny", seq_len=32, batch_size=8, steps=40, lr=3e-3, warmup_steps=5,
+        medusa_heads=3, log_every=5, eval_every=20, eval_examples=16, ckpt_every=10,
+        eval_k=3, eval_tree=(3, 2)),
+    "tiny_standalone": TrainConfig(
+        name="tiny_standalone", target="tiny", drafter="standalone", data=_TINY_DATA,
+        data_dir="out/data/tiny", seq_len=32, batch_size=8, steps=40, lr=3e-3, warmup_steps=5,
+        log_every=5, eval_every=20, eval_examples=16, ckpt_every=10, eval_tree=(3, 2)),
+    # SmolLM2-135M-Instruct target; one shared dataset (out/data/smollm2). Sized for a 2-core CPU
+    # run of ~15 minutes; on accelerators raise steps / batch_size.
+    "smollm2_eagle3": TrainConfig(
+        name="smollm2_eagle3", drafter="eagle3", data_dir="out/data/smollm2",
+        draft_vocab_size=8192, ttt_steps=4, seq_len=256, batch_size=8, steps=120, lr=1e-3, warmup_steps=10,
+        log_every=5, eval_every=40, eval_examples=48, ckpt_every=40),
+    "smollm2_medusa": TrainConfig(
+        name="smollm2_medusa", drafter="medusa", data_dir="out/data/smollm2", medusa_heads=4,
+        seq_len=256, batch_size=4, steps=200, lr=1e-3, warmup_steps=20, eval_every=50,
+        ckpt_every=50),
+    "smollm2_standalone": TrainConfig(
+        name="smollm2_standalone", drafter="standalone", data_dir="out/data/smollm2",
+        standalone_layers=(0,), seq_len=256, batch_size=4, steps=200, lr=1e-3,
+        warmup_steps=20, eval_every=50, ckpt_every=50),
+}
+
+
+def get_preset(name: str) -> TrainConfig:
+  """The preset called `name` (also accepts `configs/train_presets.py:NAME`)."""
+  key = name.rsplit(":", 1)[-1] if ":" in name else name
+  if key not in PRESETS:
+    raise ValueError(f"unknown training preset {name!r}; known presets: "
+                     f"{', '.join(sorted(PRESETS))}")
+  return PRESETS[key]
+
+
+def with_overrides(cfg: TrainConfig, assignments: list[str]) -> TrainConfig:
+  """Applies `field=value` strings (values parsed by the field's type)."""
+  fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+  changes = {}
+  for item in assignments:
+    key, sep, raw = item.partition("=")
+    if not sep or key not in fields or key == "data":
+      raise ValueError(f"bad override {item!r}: expected field=value with field one of "
+                       f"{', '.join(k for k in fields if k != 'data')}")
+    current = getattr(cfg, key)
+    if isinstance(current, tuple):
+      value = tuple(int(x) for x in raw.split(",") if x)
+    elif isinstance(current, bool):
+      value = raw.lower() in ("1", "true", "yes")
+    else:
+      try:
+        value = type(current)(raw)
+      except ValueError as e:
+        raise ValueError(f"bad override {item!r}: {e}") from None
+    changes[key] = value
+  return dataclasses.replace(cfg, **changes)

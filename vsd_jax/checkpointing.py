@@ -1,0 +1,79 @@
+"""Orbax checkpoints of a training run: train state, data position and run description.
+
+One `ocp.CheckpointManager` per workdir (`<workdir>/checkpoints/<step>/`): async saves,
+keeps the newest N, atomic (orbax writes a temporary folder and renames it when the save is
+complete, so a run killed mid-save leaves only whole checkpoints). Items:
+
+  state  StandardSave  TrainState (params, optimiser state, step, RNG), sharded as in training
+  data   JsonSave      DataPosition of the batch reader after the saved step
+  meta   JsonSave      objective description, parameter shapes, target, preset name
+
+Resume refuses a checkpoint whose drafter, target or parameter shapes differ from the run's.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+
+class CheckpointMismatchError(ValueError):
+  """A checkpoint made for a different drafter or target shape."""
+
+
+def param_shapes(tree) -> dict[str, list[int]]:
+  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {jax.tree_util.keystr(path): [int(d) for d in np.shape(x)] for path, x in flat}
+
+
+class Checkpointer:
+
+  def __init__(self, workdir: str | os.PathLike, keep: int, async_save: bool = True):
+    self.directory = Path(workdir).resolve() / "checkpoints"
+    self.manager = ocp.CheckpointManager(
+        self.directory, item_names=("state", "data", "meta"),
+        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                             enable_async_checkpointing=async_save))
+
+  def latest_step(self) -> int | None:
+    return self.manager.latest_step()
+
+  def save(self, step: int, state, data_position: dict, meta: dict, force: bool = False):
+    self.manager.save(step, force=force, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position),
+        meta=ocp.args.JsonSave(meta)))
+
+  def restore(self, step: int, abstract_state, meta: dict) -> tuple[Any, dict]:
+    """Restores the state onto `abstract_state`'s shardings after checking `meta` agrees."""
+    saved_meta = self.manager.restore(step, args=ocp.args.Composite(
+        meta=ocp.args.JsonRestore()))["meta"]
+    check_compatible(saved_meta, meta, self.directory / str(step))
+    out = self.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+    return out["state"], out["data"]
+
+  def wait(self):
+    self.manager.wait_until_finished()
+
+  def close(self):
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+
+def check_compatible(saved: dict, current: dict, where) -> None:
+  for key in ("objective", "target"):
+    if saved.get(key) != current.get(key):
+      raise CheckpointMismatchError(
+          f"checkpoint {where} was made for {key} {saved.get(key)!r}, this run has "
+          f"{current.get(key)!r}; use another --workdir or the matching preset")
+  s, c = saved.get("param_shapes", {}), current.get("param_shapes", {})
+  if s != c:
+    diff = sorted(k for k in set(s) | set(c) if s.get(k) != c.get(k))[:4]
+    detail = "; ".join(f"{k}: checkpoint {s.get(k)} vs run {c.get(k)}" for k in diff)
+    raise CheckpointMismatchError(f"checkpoint {where} holds a drafter of different shape "
+                                  f"({detail}); use another --workdir or the matching preset")
