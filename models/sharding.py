@@ -27,6 +27,10 @@ LOGICAL_AXES: dict[tuple[str, str], tuple[str | None, ...]] = {
     ("gate_proj", "kernel"): ("embed", "mlp"),
     ("up_proj", "kernel"): ("embed", "mlp"),
     ("down_proj", "kernel"): ("mlp", "embed"),
+    # Drafters: EAGLE-3's layer reuses the names above; Medusa's own heads split the vocab.
+    ("own_head", "kernel"): (None, "embed", "vocab"),
+    ("fc", "kernel"): (None, "embed"),
+    ("res", "kernel"): (None, "embed", None),
 }
 
 # Megatron-style tensor parallelism: heads and MLP columns split over "model", the vocabulary
