@@ -66,14 +66,23 @@ class Checkpointer:
 
 
 def check_compatible(saved: dict, current: dict, where) -> None:
-  for key in ("objective", "target"):
-    if saved.get(key) != current.get(key):
-      raise CheckpointMismatchError(
-          f"checkpoint {where} was made for {key} {saved.get(key)!r}, this run has "
-          f"{current.get(key)!r}; use another --workdir or the matching preset")
+  """Raises CheckpointMismatchError naming the first difference (kind, target, shapes, rest)."""
+  hint = "; use another --workdir or the matching preset"
+  s_obj, c_obj = saved.get("objective", {}), current.get("objective", {})
+  if s_obj.get("drafter") != c_obj.get("drafter"):
+    raise CheckpointMismatchError(f"checkpoint {where} holds a {s_obj.get('drafter')} drafter, "
+                                  f"this run trains a {c_obj.get('drafter')} drafter{hint}")
+  if saved.get("target") != current.get("target") or s_obj.get("target") != c_obj.get("target"):
+    raise CheckpointMismatchError(
+        f"checkpoint {where} was made for target {saved.get('target')!r} "
+        f"(vocab, width, layers {s_obj.get('target')}), this run's target is "
+        f"{current.get('target')!r} ({c_obj.get('target')}){hint}")
   s, c = saved.get("param_shapes", {}), current.get("param_shapes", {})
   if s != c:
     diff = sorted(k for k in set(s) | set(c) if s.get(k) != c.get(k))[:4]
     detail = "; ".join(f"{k}: checkpoint {s.get(k)} vs run {c.get(k)}" for k in diff)
     raise CheckpointMismatchError(f"checkpoint {where} holds a drafter of different shape "
-                                  f"({detail}); use another --workdir or the matching preset")
+                                  f"({detail}){hint}")
+  if s_obj != c_obj:
+    raise CheckpointMismatchError(f"checkpoint {where} was made with objective {s_obj}, this "
+                                  f"run has {c_obj}{hint}")

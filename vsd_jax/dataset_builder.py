@@ -129,13 +129,10 @@ def open_split(data_dir: str | os.PathLike, split: str):
   _builder_class()  # registers the builder name with tfds
   if split not in SPLITS:
     raise DatasetError(f"unknown split {split!r}; splits: {SPLITS}")
-  root = Path(data_dir) / BUILDER_NAME
-  if not root.is_dir() or not any(root.glob("*/dataset_info.json")):
-    raise DatasetError(f"no training dataset in {data_dir} (expected {root}/<version>/); build "
-                       "it with `python -m vsd_jax.build_dataset --config=<preset>`")
+  _check_prepared(data_dir)
   source = tfds.data_source(BUILDER_NAME, split=split, data_dir=os.fspath(data_dir))
   if len(source) == 0:
-    raise DatasetError(f"dataset {root}: split {split!r} is empty")
+    raise DatasetError(f"dataset {data_dir}: split {split!r} is empty")
   return source
 
 
@@ -143,8 +140,16 @@ def dataset_metadata(data_dir: str | os.PathLike) -> dict[str, Any]:
   """The metadata dict written with the dataset (target, counts, generation speed)."""
   tfds = _tfds()
   _builder_class()
+  _check_prepared(data_dir)
   try:
     builder = tfds.builder(BUILDER_NAME, data_dir=os.fspath(data_dir))
   except Exception as e:  # tfds raises several types for a missing/corrupt folder
     raise DatasetError(f"no readable training dataset in {data_dir}: {e}") from None
   return dict(builder.info.metadata or {})
+
+
+def _check_prepared(data_dir) -> None:
+  root = Path(data_dir) / BUILDER_NAME
+  if not root.is_dir() or not any(root.glob("*/dataset_info.json")):
+    raise DatasetError(f"no training dataset in {data_dir} (expected {root}/<version>/); build "
+                       "it with `python -m vsd_jax.build_dataset --config=<preset>`")

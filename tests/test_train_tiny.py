@@ -1,0 +1,140 @@
+"""vsd_jax on the tiny preset, in-process (one CPU device): data order, simulated tau, the
+TTT mask, losses that fall, and one clear error per bad input."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from configs.train_presets import get_preset, with_overrides
+from vsd_jax.data import BatchReader, DataPosition
+from vsd_jax.dataset_builder import DatasetError, open_split, write_dataset
+from vsd_jax.simulated_tau import simulated_tau
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+  from vsd_jax.build_dataset import build
+  data_dir = tmp_path_factory.mktemp("tiny_data")
+  build(with_overrides(get_preset("tiny"), [f"data_dir={data_dir}"]), log=lambda *_: None)
+  return str(data_dir)
+
+
+def tiny_cfg(data_dir, *extra):
+  return with_overrides(get_preset("tiny"), [f"data_dir={data_dir}", *extra])
+
+
+def test_dataset_roundtrip_and_masks(tiny_data):
+  train = open_split(tiny_data, "train")
+  assert len(train) == 96 and len(open_split(tiny_data, "heldout")) == 16
+  ex = train[0]
+  n = int(ex["prompt_len"])
+  assert ex["tokens"].dtype == np.int32
+  assert not ex["loss_mask"][:n].any() and ex["loss_mask"][n:].all()
+
+
+def test_reader_is_seeded_and_resumes_exactly(tiny_data):
+  a = BatchReader(tiny_data, "train", 8, 32, seed=3)
+  batches = [a.next_batch()["tokens"] for _ in range(30)]  # crosses epoch boundaries
+  b = BatchReader(tiny_data, "train", 8, 32, seed=3)
+  for _ in range(17):
+    b.next_batch()
+  resumed = BatchReader(tiny_data, "train", 8, 32, seed=3,
+                        position=DataPosition.from_json(json.loads(json.dumps(
+                            b.position.to_json()))))
+  for i in range(17, 30):
+    np.testing.assert_array_equal(resumed.next_batch()["tokens"], batches[i])
+  other = BatchReader(tiny_data, "train", 8, 32, seed=4).next_batch()["tokens"]
+  assert not np.array_equal(other, batches[0])
+  # every example once per epoch (96 examples, batch 8: 12 batches)
+  a = BatchReader(tiny_data, "train", 8, 32, seed=3)
+  rows = np.concatenate([a.next_batch()["tokens"] for _ in range(12)])
+  assert len({r.tobytes() for r in rows}) == len({open_split(tiny_data, "train")[i]["tokens"][
+      :32].tobytes() for i in range(96)})
+
+
+def test_simulated_tau_replays_chain_rounds():
+  # one row: prompt 2 tokens, response at 2..9 (end 10); ranks[p, j] about token p + 2 + j
+  ranks = np.full((1, 12, 3), 5)
+  mask = np.zeros((1, 12))
+  mask[0, 2:10] = 1
+  ranks[0, 1, :] = [0, 0, 7]  # round 1 (c=2, p=1): accepts 2 -> c = 5
+  ranks[0, 4, :] = [0, 0, 0]  # round 2 (c=5, p=4): accepts 3 -> c = 9 = end - 1: done
+  out = simulated_tau(ranks, mask, np.array([10]), depth=3)
+  assert out["rounds"] == 2 and out["tau"] == pytest.approx((2 + 3 + 2) / 2)
+  assert out["accepted_per_position"] == [1.0, 1.0, 0.5]
+  # top-2 tree: rank 1 counts too, so round 1 accepts 3 (c = 6), then 3 rounds accept none
+  ranks[0, 1, 2] = 1
+  out = simulated_tau(ranks, mask, np.array([10]), depth=3, top_k=2)
+  assert out["rounds"] == 4 and out["tau"] == pytest.approx((3 + 4) / 4)
+  assert simulated_tau(ranks, mask, np.array([10]), depth=3, top_k=1)["tau"] == 3.5
+
+
+def test_ttt_visibility():
+  from vsd_jax.eagle3_ttt import ttt_visibility
+  vis = np.asarray(ttt_visibility(4, 3, 2))  # T=4, K=3 steps, step 2
+  assert vis.shape == (4, 12)
+  for p in range(4):
+    assert vis[p, :4].tolist() == [q <= p for q in range(4)]  # context: step-0 entries
+    assert vis[p, 4:8].tolist() == [q == p for q in range(4)]  # own chain, step 1
+    assert vis[p, 8:].tolist() == [q == p for q in range(4)]  # own chain, step 2
+  assert not np.asarray(ttt_visibility(4, 3, 0))[:, 4:].any()
+
+
+@pytest.mark.parametrize("drafter", ["tiny_medusa", "tiny_standalone"])
+def test_other_baselines_learn(tiny_data, tmp_path, drafter):
+  from vsd_jax.sharding_rules import make_mesh
+  from vsd_jax.trainer import Trainer
+  cfg = with_overrides(get_preset(drafter), [f"data_dir={tiny_data}", "steps=12",
+                                             "eval_every=0", "ckpt_every=100"])
+  tr = Trainer(cfg, make_mesh(1, 1), str(tmp_path), log=lambda *_: None, progress=False)
+  out = tr.run()
+  tr.close()
+  losses = [c["loss"] for c in out["curve"]]
+  assert np.mean(losses[-3:]) < losses[0]
+
+
+def run_cli(argv, capsys):
+  from vsd_jax.train import main
+  code = main(argv)
+  return code, capsys.readouterr().err
+
+
+def test_bad_inputs_give_clear_errors(tiny_data, tmp_path, capsys):
+  base = ["--set", f"data_dir={tiny_data}", "--no-progress"]
+  code, err = run_cli(["--config=nope", "--workdir", str(tmp_path / "a")] + base, capsys)
+  assert code == 2 and "unknown training preset 'nope'" in err and "tiny" in err
+  code, err = run_cli(["--config=tiny", "--mesh=2x1", "--workdir", str(tmp_path / "a")] + base,
+                      capsys)
+  assert code == 2 and "--mesh=2x1 needs 2 devices but 1 are in use" in err
+  code, err = run_cli(["--config=tiny", "--mesh=4", "--workdir", str(tmp_path / "a")] + base,
+                      capsys)
+  assert code == 2 and "DxM" in err
+  code, err = run_cli(["--config=tiny", "--workdir", str(tmp_path / "a"), "--no-progress",
+                       "--set", f"data_dir={tmp_path / 'missing'}"], capsys)
+  assert code == 2 and "no training dataset" in err and "build_dataset" in err
+  with pytest.raises(DatasetError, match="has no examples"):
+    write_dataset(tmp_path / "empty", {"train": [], "heldout": [([1], [2])]}, {})
+  # a checkpoint of a different drafter shape / kind refuses to resume
+  work = str(tmp_path / "ckpt")
+  code, _ = run_cli(["--config=tiny", "--workdir", work, "--steps=2", "--set", "eval_every=0",
+                     "--set", "ckpt_every=2"] + base, capsys)
+  assert code == 0
+  code, err = run_cli(["--config=tiny", "--workdir", work, "--set", "draft_vocab_size=40",
+                       "--set", "eval_every=0"] + base, capsys)
+  assert code == 2 and "different shape" in err and "lm_head" in err
+  code, err = run_cli(["--config=tiny_medusa", "--workdir", work, "--set", "eval_every=0"] + base,
+                      capsys)
+  assert code == 2 and "holds a eagle3 drafter, this run trains a medusa drafter" in err
+  code, err = run_cli(["--config=tiny", "--workdir", work, "--set", "tiny_width=48"] + base,
+                      capsys)
+  assert code == 2 and "generated by target 'tiny:64x32x2'" in err  # data of another target
+
+
+def test_unknown_override_and_preset():
+  with pytest.raises(ValueError, match="unknown training preset"):
+    get_preset("smollm2_eagle4")
+  with pytest.raises(ValueError, match="bad override"):
+    with_overrides(get_preset("tiny"), ["no_such_field=1"])
+  assert dataclasses.replace(get_preset("tiny")).name == "tiny"
