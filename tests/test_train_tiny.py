@@ -138,3 +138,17 @@ def test_unknown_override_and_preset():
   with pytest.raises(ValueError, match="bad override"):
     with_overrides(get_preset("tiny"), ["no_such_field=1"])
   assert dataclasses.replace(get_preset("tiny")).name == "tiny"
+
+
+def test_offline_features_give_the_online_curve(tiny_data, tmp_path):
+  from vsd_jax.sharding_rules import make_mesh
+  from vsd_jax.trainer import Trainer
+  curves = {}
+  for features in ("online", "offline"):
+    cfg = tiny_cfg(tiny_data, "steps=5", "eval_every=0", "ckpt_every=100",
+                   f"features={features}")
+    tr = Trainer(cfg, make_mesh(1, 1), str(tmp_path / features), log=lambda *_: None,
+                 progress=False)
+    curves[features] = [c["loss"] for c in tr.run()["curve"]]
+    tr.close()
+  np.testing.assert_allclose(curves["offline"], curves["online"], rtol=0, atol=1e-6)

@@ -25,7 +25,7 @@ import numpy as np
 from tqdm import tqdm
 
 from configs.train_presets import get_preset, with_overrides
-from vsd_jax.dataset_builder import write_dataset
+from vsd_jax.dataset_builder import DatasetError, dataset_metadata, write_dataset
 from vsd_jax.targets import Target, load_target
 
 
@@ -89,6 +89,14 @@ def generate(target: Target, rows: list[list[int]], max_new_tokens: int, batch_s
 def build(cfg, overwrite: bool = False, log=print) -> dict:
   """Generates and writes the dataset of preset `cfg`; returns its metadata."""
   d = cfg.data
+  if not overwrite:
+    try:
+      meta = dataset_metadata(cfg.dataset_dir())
+      log(f"{cfg.dataset_dir()} already holds a dataset (target {meta.get('target')!r}); "
+          "pass --overwrite to rebuild it")
+      return meta
+    except DatasetError:
+      pass
   target = load_target(cfg)
   rows = make_prompts(target, d.num_prompts + d.heldout_prompts, d.prompt_seed)
   t0 = time.perf_counter()

@@ -85,7 +85,9 @@ class BatchReader:
       pos = DataPosition(pos.epoch + 1, 0)
     idx = self._permutation(pos.epoch)[pos.index:pos.index + self.batch_size][self._share]
     self.position = DataPosition(pos.epoch, pos.index + self.batch_size)
-    return to_rows(self.source.__getitems__([int(i) for i in idx]), self.seq_len)
+    rows = to_rows(self.source.__getitems__([int(i) for i in idx]), self.seq_len)
+    rows["index"] = idx.astype(np.int64)  # example ids: the offline feature cache's rows
+    return rows
 
   def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
     while True:

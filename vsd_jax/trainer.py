@@ -92,18 +92,26 @@ class Trainer:
     self.frozen = jax.device_put(obj.frozen, frozen_shardings)
     rows = batch_sharding(mesh)
     self.batch_shardings = {"tokens": rows, "loss_mask": rows, "length": rows}
+    self.eval_shardings = dict(self.batch_shardings)
+    self.features = None
+    if cfg.features == "offline":
+      from vsd_jax.feature_cache import load_or_build
+      self.features = load_or_build(self.data_dir, self.target, obj.target_hidden_layers,
+                                    cfg.seq_len, cfg.batch_size, log)
+      self.batch_shardings["features"] = rows
     self._init = jax.jit(lambda p: init_state(p, self.optimizer, cfg.seed),
                          out_shardings=self.state_shardings)
     replicated = NamedSharding(mesh, PartitionSpec())
     self.train_step = jax.jit(self._step, in_shardings=(
         self.state_shardings, frozen_shardings, self.batch_shardings),
         out_shardings=(self.state_shardings, replicated), donate_argnums=0)
+    # Held-out evaluation always runs the target online (no "features" in its batches).
     self.ranks = jax.jit(obj.ranks_fn, in_shardings=(
-        self.state_shardings.params, frozen_shardings, self.batch_shardings),
+        self.state_shardings.params, frozen_shardings, self.eval_shardings),
         out_shardings=replicated)
     self.eval_loss = jax.jit(lambda p, f, b: obj.loss_fn(p, f, b, jax.random.key(0)),
                              in_shardings=(self.state_shardings.params, frozen_shardings,
-                                           self.batch_shardings), out_shardings=replicated)
+                                           self.eval_shardings), out_shardings=replicated)
     self.meta = {"objective": {**obj.describe, "name": obj.name},
                  "target": self.target.source, "preset": cfg.name,
                  "param_shapes": param_shapes(obj.trainable)}
@@ -123,10 +131,13 @@ class Trainer:
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state,
                       rng=jax.random.key_data(key)), metrics
 
-  def put_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+  def put_batch(self, batch: dict[str, np.ndarray], train: bool = True) -> dict[str, jax.Array]:
     """Host rows (this process's share) -> global arrays sharded over "data"."""
+    shardings = self.batch_shardings if train else self.eval_shardings
+    if train and self.features is not None:
+      batch = {**batch, "features": np.asarray(self.features[batch["index"]])}
     out = {}
-    for k, sharding in self.batch_shardings.items():
+    for k, sharding in shardings.items():
       local = np.asarray(batch[k])
       global_shape = (local.shape[0] * jax.process_count(),) + local.shape[1:]
       out[k] = jax.make_array_from_process_local_data(sharding, local, global_shape)
@@ -141,7 +152,7 @@ class Trainer:
                             cfg.eval_examples)
     ranks, masks, lengths, losses, weights = [], [], [], [], []
     for b in batches:
-      dev = self.put_batch(b)
+      dev = self.put_batch(b, train=False)
       ranks.append(np.asarray(self.ranks(params, self.frozen, dev)))
       loss, _ = self.eval_loss(params, self.frozen, dev)
       losses.append(float(loss))
