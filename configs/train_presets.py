@@ -101,8 +101,8 @@ PRESETS: dict[str, TrainConfig] = {
     # run of ~15 minutes; on accelerators raise steps / batch_size.
     "smollm2_eagle3": TrainConfig(
         name="smollm2_eagle3", drafter="eagle3", data_dir="out/data/smollm2",
-        draft_vocab_size=8192, ttt_steps=4, seq_len=192, batch_size=4, steps=110, lr=1.5e-3,
-        warmup_steps=10, log_every=5, eval_every=55, eval_examples=32, ckpt_every=50),
+        draft_vocab_size=8192, ttt_steps=4, seq_len=192, batch_size=4, steps=240, lr=1.5e-3,
+        warmup_steps=10, log_every=10, eval_every=80, eval_examples=32, ckpt_every=40),
     "smollm2_medusa": TrainConfig(
         name="smollm2_medusa", drafter="medusa", data_dir="out/data/smollm2", medusa_heads=4,
         seq_len=256, batch_size=4, steps=200, lr=1e-3, warmup_steps=20, eval_every=50,

@@ -60,3 +60,4 @@ def test_mesh_4x2_matches_1x1(tmp_path):
                         text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
   assert "batch check ok" in proc.stdout and "mesh check ok" in proc.stdout, proc.stdout
+  print(proc.stdout)  # the 4x2 curve and its largest difference from 1x1 (pytest -s)

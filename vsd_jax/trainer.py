@@ -151,8 +151,10 @@ class Trainer:
     batches = fixed_batches(self.data_dir, "heldout", cfg.batch_size, cfg.seq_len,
                             cfg.eval_examples)
     ranks, masks, lengths, losses, weights = [], [], [], [], []
+    share = slice(jax.process_index() * cfg.batch_size // jax.process_count(),
+                  (jax.process_index() + 1) * cfg.batch_size // jax.process_count())
     for b in batches:
-      dev = self.put_batch(b, train=False)
+      dev = self.put_batch({k: v[share] for k, v in b.items()}, train=False)
       ranks.append(np.asarray(self.ranks(params, self.frozen, dev)))
       loss, _ = self.eval_loss(params, self.frozen, dev)
       losses.append(float(loss))
