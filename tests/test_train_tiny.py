@@ -82,12 +82,13 @@ def test_ttt_visibility():
   assert not np.asarray(ttt_visibility(4, 3, 0))[:, 4:].any()
 
 
-@pytest.mark.parametrize("drafter", ["tiny_medusa", "tiny_standalone"])
-def test_other_baselines_learn(tiny_data, tmp_path, drafter):
+@pytest.mark.parametrize("preset,extra", [("tiny_medusa", []), ("tiny_standalone", []),
+                                          ("tiny", ["dtype=bfloat16"])])
+def test_baselines_learn(tiny_data, tmp_path, preset, extra):
   from vsd_jax.sharding_rules import make_mesh
   from vsd_jax.trainer import Trainer
-  cfg = with_overrides(get_preset(drafter), [f"data_dir={tiny_data}", "steps=12",
-                                             "eval_every=0", "ckpt_every=100"])
+  cfg = with_overrides(get_preset(preset), [f"data_dir={tiny_data}", "steps=12",
+                                            "eval_every=0", "ckpt_every=100", *extra])
   tr = Trainer(cfg, make_mesh(1, 1), str(tmp_path), log=lambda *_: None, progress=False)
   out = tr.run()
   tr.close()
