@@ -77,7 +77,7 @@ def main(argv=None) -> int:
   summary["command"] = " ".join(shlex.quote(a) for a in
                                 ["python", "-m", "vsd_jax.train",
                                  *(sys.argv[1:] if argv is None else argv)])
-  if args.export and jax.process_index() == 0:
+  if args.export and summary["stopped"] == "done" and jax.process_index() == 0:
     summary["export"] = str(export(trainer, args.export, summary))
   trainer.close()
   if jax.process_index() == 0:
