@@ -196,7 +196,7 @@ class Trainer:
     curve, evals = [], []
     bar = tqdm(total=total, initial=start_step, desc=f"train {cfg.name}", mininterval=2,
                disable=not self.progress or jax.process_index() != 0)
-    pending, timer, tokens_seen = None, None, 0
+    pending, timer = None, None  # timer: (start after the first step, tokens since then)
     summary = {"start_step": start_step, "stopped": "done"}
     try:
       if start_step == 0 and cfg.eval_every > 0:
@@ -205,7 +205,7 @@ class Trainer:
         host_batch = reader.next_batch()
         state, metrics = self.train_step(state, self.frozen, self.put_batch(host_batch))
         if pending is not None:
-          tokens_seen, timer = self._report(pending, curve, writer, bar, tokens_seen, timer)
+          timer = self._report(pending, curve, writer, bar, timer)
         pending = (step, metrics, int(host_batch["length"].sum()) * jax.process_count())
         done = step + 1
         if cfg.eval_every > 0 and done % cfg.eval_every == 0 and done < total:
@@ -217,7 +217,7 @@ class Trainer:
           summary["stopped"] = "SIGTERM"
           break
       if pending is not None:
-        self._report(pending, curve, writer, bar, tokens_seen, timer)
+        timer = self._report(pending, curve, writer, bar, timer)
       if summary["stopped"] == "done" and cfg.eval_every > 0 and int(state.step) > start_step:
         evals.append(self._log_eval(int(state.step), state.params, writer))
     finally:
@@ -230,7 +230,7 @@ class Trainer:
     self.state = state
     return summary
 
-  def _report(self, pending, curve, writer, bar, tokens_seen, timer):
+  def _report(self, pending, curve, writer, bar, timer):
     step, metrics, tokens = pending
     m = {k: float(v) for k, v in jax.device_get(metrics).items()}
     now = time.perf_counter()
@@ -248,7 +248,7 @@ class Trainer:
       accs = " ".join(f"{k}={v:.3f}" for k, v in m.items() if k.startswith("acc_"))
       self.log(f"step {step + 1}: loss {m['loss']:.5f} grad_norm {m['grad_norm']:.3f} "
                f"lr {m['lr']:.2e} {accs} tokens/s {tok_s:.0f}")
-    return tokens_seen + tokens, timer
+    return timer
 
   def _log_eval(self, step: int, params, writer) -> dict:
     t = time.perf_counter()
