@@ -1,4 +1,4 @@
-"""Training sharding: the inference table of models/sharding.py plus the drafter-only names.
+"""Training sharding: the inference table of models/sharding.py, on a (data, model) mesh.
 
 Logical axes come from models.sharding.LOGICAL_AXES (keyed by the last two parameter-path
 parts); this module adds the parameters only drafters have and maps everything through the
@@ -18,12 +18,13 @@ from models.sharding import LOGICAL_AXES, RULES, logical_to_spec
 
 MESH_AXES = ("data", "model")
 
+# Drafter parameters; models/sharding.LOGICAL_AXES wins where it names the same parameter
+# (it now lists fc / res / own_head itself), so inference and training share one table.
 TRAIN_LOGICAL_AXES: dict[tuple[str, str], tuple[str | None, ...]] = {
-    **LOGICAL_AXES,
     ("fc", "kernel"): (None, "embed"),  # EAGLE-3 fused-feature projection [3D, D]
-    ("res", "kernel"): (None, "embed", "mlp"),  # Medusa ResBlocks [M, D, D]
-    ("res", "bias"): (None, "mlp"),
+    ("res", "kernel"): (None, "embed", None),  # Medusa ResBlocks [M, D, D]
     ("own_head", "kernel"): (None, "embed", "vocab"),  # Medusa own heads [M, D, V]
+    **LOGICAL_AXES,
 }
 
 
