@@ -1,6 +1,7 @@
-"""Speculative decoding on the real target (SmolLM2-135M) with the shipped standalone drafter."""
+"""Speculative decoding on the real target (SmolLM2-135M) with the shipped EAGLE-3 drafter."""
 
 import importlib.util
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ PROMPTS = [
     "Why do we need sleep?",
 ]
 NEW_TOKENS = 128
+DRAFTER = Path(__file__).resolve().parent.parent / "drafters" / "smollm2-135m-eagle3"
 NEAR_TIE = 1e-4
 
 
@@ -34,7 +36,7 @@ def setup():
   target = load_decoder("smollm2-135m")
   tokenizer = load_tokenizer("smollm2-135m")
   prompt, lengths = right_pad([encode_chat(tokenizer, p) for p in PROMPTS], bucket=64)
-  return setup_drafter("smollm2-135m-standalone", target, k=4), prompt, lengths
+  return setup_drafter(str(DRAFTER), target, k=4), prompt, lengths
 
 
 def _near_tie_margin(s, prefix):
@@ -50,11 +52,13 @@ def test_strict_and_asd_budget0_equal_plain_greedy_and_asd_takes_exceptions(setu
   from asd_jax.asd_config import ASDConfig
   from asd_jax.plain_decode import plain_decode
   from asd_jax.spec_decode import asd_decode
+  from asd_jax.tree_decode import asd_tree_decode
   s, prompt, lengths = setup
+  decode = asd_tree_decode if s.engine == "tree" else asd_decode
   plain = np.asarray(plain_decode(s.target_fns, s.target_params, prompt, lengths,
                                   max_new_tokens=NEW_TOKENS).tokens_BxN)
   for rule, cfg in (("strict", ASDConfig(8.0, 0.25, 2)), ("asd", ASDConfig(0.0, 0.25, 2))):
-    out = asd_decode(s.target_fns, s.target_params, s.drafter, s.params, prompt, lengths,
+    out = decode(s.target_fns, s.target_params, s.drafter, s.params, prompt, lengths,
                      max_new_tokens=NEW_TOKENS, rule=rule, asd_config=cfg)
     got = np.asarray(out.tokens_BxN)
     for b in range(len(PROMPTS)):
@@ -62,7 +66,7 @@ def test_strict_and_asd_budget0_equal_plain_greedy_and_asd_takes_exceptions(setu
         i = int(np.argmax(got[b] != plain[b]))
         prefix = prompt[b, :lengths[b]].tolist() + plain[b, :i].tolist()
         assert _near_tie_margin(s, prefix) < NEAR_TIE, (rule, b, i)
-  asd = asd_decode(s.target_fns, s.target_params, s.drafter, s.params, prompt, lengths,
+  asd = decode(s.target_fns, s.target_params, s.drafter, s.params, prompt, lengths,
                    max_new_tokens=NEW_TOKENS, rule="asd", asd_config=ASDConfig(8.0, 0.25, 2))
   spent = np.asarray(asd.stats.asd_spent_B)
   assert (spent <= 8.0).all()
