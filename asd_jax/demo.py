@@ -24,7 +24,7 @@ PROMPTS = (
     "Give three tips for writing clear technical documentation.",
 )
 MAX_NEW = 96
-DRAFTERS = ("smollm2-135m-eagle3", "smollm2-135m-standalone")
+DRAFTERS = ("smollm2-135m-standalone", "smollm2-135m-eagle3")  # best measured tau first
 
 
 def _timed(fn):

@@ -37,6 +37,7 @@ DRAFTERS_DIR = Path(__file__).resolve().parent.parent / "drafters"
 # Drafters shipped in DRAFTERS_DIR: name -> the target they were distilled from (a registry name).
 KNOWN_DRAFTERS: dict[str, str] = {
     "smollm2-135m-standalone": "smollm2-135m",
+    "smollm2-135m-eagle3": "smollm2-135m",
 }
 
 

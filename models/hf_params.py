@@ -95,6 +95,6 @@ def decoder_to_hf_tensors(model: Decoder) -> dict[str, np.ndarray]:
   """Inverse of `decoder_from_hf_tensors` (float32 numpy, HF orientation)."""
   out = {}
   for hf_name, path, transpose in _tensor_map(model.cfg):
-    value = np.asarray(_resolve(model, path).value, np.float32)
+    value = np.asarray(_resolve(model, path)[...], np.float32)
     out[hf_name] = value.T if transpose else value
   return out
