@@ -27,8 +27,9 @@ DRAFTER = Path(__file__).resolve().parent.parent / "drafters" / "smollm2-135m-ea
 NEAR_TIE = 1e-4
 
 
-@pytest.fixture(scope="module")
-def setup():
+@pytest.fixture(scope="module", params=["smollm2-135m-standalone", str(DRAFTER)],
+                ids=["standalone-chain", "eagle3-tree"])
+def setup(request):
   from asd_jax.cli_common import right_pad
   from models.drafter_setup import setup_drafter
   from models.load import load_decoder
@@ -36,7 +37,7 @@ def setup():
   target = load_decoder("smollm2-135m")
   tokenizer = load_tokenizer("smollm2-135m")
   prompt, lengths = right_pad([encode_chat(tokenizer, p) for p in PROMPTS], bucket=64)
-  return setup_drafter(str(DRAFTER), target, k=4), prompt, lengths
+  return setup_drafter(request.param, target, k=4), prompt, lengths
 
 
 def _near_tie_margin(s, prefix):
