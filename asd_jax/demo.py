@@ -48,7 +48,8 @@ def main() -> None:
         f"{target.cfg.vocab_size}) in {time.perf_counter() - t0:.1f} s on {jax.default_backend()}")
   eos = eos_token_ids(tokenizer, target.hf_config)
   draft = next((d for d in DRAFTERS if d in KNOWN_DRAFTERS), None)
-  setup = setup_drafter(draft, target, k=4) if draft else None
+  # K=2: the cost model of the standalone drafter (scripts/distill_standalone_drafter.py) favours it.
+  setup = setup_drafter(draft, target, k=2) if draft else None
   if setup is None:
     print("no shipped drafter found; showing plain decoding only")
   print("(each configuration is compiled once first; timings exclude compilation)")
