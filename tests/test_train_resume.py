@@ -24,16 +24,26 @@ def _start(args):
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _run_until(args, step: int, sig) -> str:
-  """Starts a run and sends `sig` once it has logged `step`; returns its output."""
-  proc, seen = _start(args), []
+def _finalized_checkpoint(workdir) -> bool:
+  ckpt = Path(workdir) / "checkpoints"
+  return ckpt.is_dir() and any(p.name.isdigit() for p in ckpt.iterdir())
+
+
+def _run_until(args, step: int, sig, workdir=None) -> tuple[str, int]:
+  """Starts a run and sends `sig` at the first logged step >= `step` (and, with `workdir`, once
+  an async checkpoint there has been finalized, so the kill has something to resume from);
+  returns its output and the step it was signalled at (0: it finished first)."""
+  proc, seen, at = _start(args), [], 0
   for line in proc.stdout:
     seen.append(line)
-    if line.split("] ", 1)[-1].startswith(f"step {step}:"):
+    msg = line.split("] ", 1)[-1]
+    if msg.startswith("step ") and int(msg.split()[1].rstrip(":")) >= step and (
+        workdir is None or _finalized_checkpoint(workdir)):
+      at = int(msg.split()[1].rstrip(":"))
       proc.send_signal(sig)
       break
   out, _ = proc.communicate(timeout=300)
-  return "".join(seen) + out
+  return "".join(seen) + out, at
 
 
 def test_kill_and_resume_is_bitwise_exact(tmp_path):
@@ -55,10 +65,10 @@ def test_kill_and_resume_is_bitwise_exact(tmp_path):
   for s in sets:
     args += ["--set", s]
   kill_at = random.randint(3, N // 2)
-  out = _run_until(args, kill_at, signal.SIGKILL)
-  assert f"step {kill_at}:" in out, out[-3000:]
-  term_at = random.randint(N // 2 + 1, N - 2)
-  out = _run_until(args, term_at, signal.SIGTERM)
+  out, killed_at = _run_until(args, kill_at, signal.SIGKILL, workdir=work)
+  assert 0 < killed_at < N, out[-3000:]
+  term_at = random.randint(min(max(N // 2 + 1, killed_at + 1), N - 1), N - 1)
+  out, _ = _run_until(args, term_at, signal.SIGTERM)
   assert "resumed from" in out and "SIGTERM" in out, out[-3000:]
   proc = _start(args)
   out, _ = proc.communicate(timeout=300)
@@ -72,5 +82,5 @@ def test_kill_and_resume_is_bitwise_exact(tmp_path):
   assert len(a) == len(b)
   for x, y in zip(a, b):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y),
-                                  err_msg=f"killed at {kill_at}, SIGTERM at {term_at}")
+                                  err_msg=f"killed at {killed_at}, SIGTERM at {term_at}")
   assert position.to_json() == {"epoch": 1, "index": (N - 12) * 8}  # 96 examples / batch 8
