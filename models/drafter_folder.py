@@ -38,6 +38,7 @@ DRAFTERS_DIR = Path(__file__).resolve().parent.parent / "drafters"
 KNOWN_DRAFTERS: dict[str, str] = {
     "smollm2-135m-standalone": "smollm2-135m",
     "smollm2-135m-eagle3": "smollm2-135m",
+    "smollm2-135m-medusa": "smollm2-135m",
 }
 
 
