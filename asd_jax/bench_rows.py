@@ -154,6 +154,31 @@ def make_batches(prompts: Sequence[tuple[str, Sequence[int]]], batch_size: int) 
   return batches
 
 
+def padded_batch(ctx: BenchContext, batch: Batch, max_new: int):
+  """(prompt_BxT, lengths_B, max_new_B): right-padded to PROMPT_BUCKET and filled up to
+  batch_size with dummy rows that generate nothing, so each prompt width compiles once."""
+  from asd_jax.cli_common import right_pad
+  rows = list(batch.rows)
+  filler = ctx.batch_size - len(rows)
+  prompt, lengths = right_pad(rows + [rows[-1]] * filler, bucket=PROMPT_BUCKET)
+  return prompt, lengths, np.array([max_new] * len(rows) + [0] * filler, np.int32)
+
+
+def warmup_per_width(ctx: BenchContext, call: Callable[[Batch, int], BatchOutput]):
+  """(compiled widths, warmup): one 1-token call per distinct padded prompt width (the same
+  compiled program as the timed calls, since max_new_B is traced)."""
+  from asd_jax.cli_common import right_pad
+  widths: dict[int, Batch] = {}
+  for batch in ctx.batches:
+    widths.setdefault(right_pad(list(batch.rows), bucket=PROMPT_BUCKET)[0].shape[1], batch)
+
+  def warmup():
+    for batch in widths.values():
+      call(batch, 1)
+
+  return sorted(widths), warmup
+
+
 def ours_plain_greedy(ctx: BenchContext) -> PreparedRow:
   """asd_jax.plain_decode, greedy: the baseline every speedup is measured against.
 
@@ -164,17 +189,14 @@ def ours_plain_greedy(ctx: BenchContext) -> PreparedRow:
   """
   import jax
 
-  from asd_jax.cli_common import right_pad
   from asd_jax.plain_decode import plain_decode
 
   fns, params, _ = ctx.jax_target
   n = ctx.max_new_tokens
 
   def call(batch: Batch, max_new: int):
-    rows = list(batch.rows)
-    filler = ctx.batch_size - len(rows)
-    prompt, lengths = right_pad(rows + [rows[-1]] * filler, bucket=PROMPT_BUCKET)
-    max_new_B = np.array([max_new] * len(rows) + [0] * filler, np.int32)
+    rows = batch.rows
+    prompt, lengths, max_new_B = padded_batch(ctx, batch, max_new)
     out = plain_decode(fns, params, prompt, lengths, max_new_tokens=n, eos_ids=ctx.eos_ids,
                        max_new_B=max_new_B)
     tokens, counts, nonfinite = jax.device_get(
@@ -183,13 +205,6 @@ def ours_plain_greedy(ctx: BenchContext) -> PreparedRow:
       raise ValueError("the target produced non-finite logits during the benchmark")
     return BatchOutput([tokens[b, :counts[b]].tolist() for b in range(len(rows))])
 
-  widths = {}
-  for batch in ctx.batches:
-    widths.setdefault(right_pad(list(batch.rows), bucket=PROMPT_BUCKET)[0].shape[1], batch)
-
-  def warmup():
-    for batch in widths.values():
-      call(batch, 1)
-
+  widths, warmup = warmup_per_width(ctx, call)
   return PreparedRow("ours_plain_greedy", lambda b: call(b, n), warmup,
-                     extra={"compiled_widths": sorted(widths), "backend": jax.default_backend()})
+                     extra={"compiled_widths": widths, "backend": jax.default_backend()})

@@ -1,16 +1,16 @@
 """Benchmark rows for speculative decoding: one runner per (drafter, chain/tree, rule).
 
 Same harness as the plain row (asd_jax/bench_rows.py): prompts right-padded to multiples of
-PROMPT_BUCKET, batches filled with dummy rows that generate nothing, one untimed warm-up per
+bench_rows.PROMPT_BUCKET, batches filled with dummy rows that generate nothing, one untimed warm-up per
 compiled prompt width. tau = committed tokens / verification rounds over the whole run.
 """
 
 from __future__ import annotations
 
-import numpy as np
 
 from asd_jax.asd_config import PAPER, ASDConfig
-from asd_jax.bench_rows import PROMPT_BUCKET, Batch, BatchOutput, BenchContext, PreparedRow
+from asd_jax.bench_rows import (Batch, BatchOutput, BenchContext, PreparedRow, padded_batch,
+                                warmup_per_width)
 from asd_jax.draft_tree import TreeShape
 
 
@@ -27,7 +27,6 @@ def spec_row(draft: str, *, k: int, tree: TreeShape | None, rule: str,
   def runner(ctx: BenchContext) -> PreparedRow:
     import jax
 
-    from asd_jax.cli_common import right_pad
     from asd_jax.spec_decode import asd_decode
     from asd_jax.tree_decode import asd_tree_decode
     from models.drafter_setup import setup_drafter
@@ -38,10 +37,8 @@ def spec_row(draft: str, *, k: int, tree: TreeShape | None, rule: str,
     n = ctx.max_new_tokens
 
     def call(batch: Batch, max_new: int) -> BatchOutput:
-      rows = list(batch.rows)
-      filler = ctx.batch_size - len(rows)
-      prompt, lengths = right_pad(rows + [rows[-1]] * filler, bucket=PROMPT_BUCKET)
-      max_new_B = np.array([max_new] * len(rows) + [0] * filler, np.int32)
+      rows = batch.rows
+      prompt, lengths, max_new_B = padded_batch(ctx, batch, max_new)
       out = decode(setup.target_fns, setup.target_params, setup.drafter, setup.params, prompt,
                    lengths, max_new_tokens=n, rule=rule, asd_config=asd_config,
                    eos_ids=ctx.eos_ids, max_new_B=max_new_B)
@@ -55,14 +52,7 @@ def spec_row(draft: str, *, k: int, tree: TreeShape | None, rule: str,
                          rounds=int(rounds[live].sum()),
                          round_tokens=int(rounds[live].sum() + accepted[live].sum()))
 
-    widths = {}
-    for batch in ctx.batches:
-      widths.setdefault(right_pad(list(batch.rows), bucket=PROMPT_BUCKET)[0].shape[1], batch)
-
-    def warmup():
-      for batch in widths.values():
-        call(batch, 1)
-
+    _, warmup = warmup_per_width(ctx, call)
     extra = {"draft": draft, "drafter": setup.kind, "engine": setup.engine, "rule": rule,
              "k": k, "tree": None if tree is None else [tree.depth, tree.top_k, tree.num_nodes]}
     if rule == "asd":
