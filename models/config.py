@@ -143,6 +143,17 @@ def _parse_rope_scaling(params: Mapping[str, Any]) -> RopeScaling | None:
   raise UnsupportedArchitectureError(f"unsupported rope scaling type {kind!r} (llama3, linear)")
 
 
+def rope_scaling_to_hf(s: RopeScaling | None) -> dict[str, Any] | None:
+  """The config.json `rope_scaling` entry of `s` (the inverse of parsing it); None if unscaled."""
+  if s is None:
+    return None
+  if s.kind == "linear":
+    return {"rope_type": "linear", "factor": s.factor}
+  return {"rope_type": "llama3", "factor": s.factor, "low_freq_factor": s.low_freq_factor,
+          "high_freq_factor": s.high_freq_factor,
+          "original_max_position_embeddings": s.original_max_position_embeddings}
+
+
 def rope_inverse_frequencies(cfg: ModelConfig):
   """float64 numpy inverse frequencies [head_dim // 2], with the configured scaling applied."""
   import numpy as np

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from models.config import ModelConfig, rope_inverse_frequencies
+from models.config import ModelConfig, rope_inverse_frequencies, rope_scaling_to_hf
 from models.eagle3 import Eagle3Config, Eagle3Drafter, check_vocab_map, eagle3_default_layers
 from models.errors import CheckpointError, UnsupportedArchitectureError
 from models.hf_folder import load_hf_folder, save_hf_folder
@@ -150,13 +150,8 @@ def eagle3_hf_config(cfg: Eagle3Config, dtype: str) -> dict[str, Any]:
   if cfg.fused_layers != eagle3_default_layers(cfg.target_num_layers):
     hf["eagle_aux_hidden_state_layer_ids"] = [i + 1 for i in cfg.fused_layers]  # vLLM
     hf["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = list(cfg.fused_layers)  # SGLang
-  s = cfg.rope_scaling
-  if s is not None:
-    hf["rope_scaling"] = ({"rope_type": "linear", "factor": s.factor} if s.kind == "linear" else
-                          {"rope_type": "llama3", "factor": s.factor,
-                           "low_freq_factor": s.low_freq_factor,
-                           "high_freq_factor": s.high_freq_factor,
-                           "original_max_position_embeddings": s.original_max_position_embeddings})
+  if cfg.rope_scaling is not None:
+    hf["rope_scaling"] = rope_scaling_to_hf(cfg.rope_scaling)
   return hf
 
 

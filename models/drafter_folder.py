@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from models.config import ModelConfig
+from models.config import ModelConfig, rope_scaling_to_hf
 from models.errors import CheckpointError, UnknownModelError
 from models.hf_folder import load_hf_folder, save_hf_folder
 from models.hf_params import decoder_from_hf_tensors, decoder_to_hf_tensors
@@ -137,13 +137,8 @@ def hf_config_of(cfg: ModelConfig) -> dict[str, Any]:
   }
   if model_type == "llama":
     hf["attention_bias"] = cfg.qkv_bias
-  s = cfg.rope_scaling
-  if s is not None:
-    hf["rope_scaling"] = ({"rope_type": "linear", "factor": s.factor} if s.kind == "linear" else
-                          {"rope_type": "llama3", "factor": s.factor,
-                           "low_freq_factor": s.low_freq_factor,
-                           "high_freq_factor": s.high_freq_factor,
-                           "original_max_position_embeddings": s.original_max_position_embeddings})
+  if cfg.rope_scaling is not None:
+    hf["rope_scaling"] = rope_scaling_to_hf(cfg.rope_scaling)
   return hf
 
 
