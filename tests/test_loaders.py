@@ -389,23 +389,32 @@ def test_eos_token_ids_merges_config_and_tokenizer():
 
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
-  """Converts the real GGUF once per module into a shared cache; returns timings too."""
+  """Converts the real GGUF once per module into a shared cache, then loads it again.
+
+  The second load runs with the GGUF reader replaced by one that fails, so "it was a cache hit"
+  is checked by what ran, not by a wall-clock bound (CI machines are shared and noisy).
+  """
   cache = tmp_path_factory.mktemp("smollm2-cache")
   old = os.environ.get(registry.CACHE_ENV)
   os.environ[registry.CACHE_ENV] = str(cache)
+  real_load_gguf = registry.load_gguf
+
+  def must_not_convert(path):
+    raise AssertionError(f"second load re-converted {path} instead of reading the cache")
+
   try:
-    start = time.perf_counter()
     config, tensors = load_checkpoint("smollm2-135m")
-    first = time.perf_counter() - start
+    registry.load_gguf = must_not_convert
     start = time.perf_counter()
     config2, tensors2 = load_checkpoint("smollm2-135m")
     second = time.perf_counter() - start
   finally:
+    registry.load_gguf = real_load_gguf
     if old is None:
       del os.environ[registry.CACHE_ENV]
     else:
       os.environ[registry.CACHE_ENV] = old
-  return types.SimpleNamespace(cache=cache, config=config, tensors=tensors, first_s=first,
+  return types.SimpleNamespace(cache=cache, config=config, tensors=tensors,
                                cached=(config2, tensors2), cached_s=second)
 
 
@@ -441,8 +450,7 @@ def test_smollm2_second_load_is_a_fast_cache_hit(smollm2):
   assert sorted(tensors) == sorted(smollm2.tensors)
   np.testing.assert_array_equal(tensors["model.layers.3.self_attn.k_proj.weight"],
                                 smollm2.tensors["model.layers.3.self_attn.k_proj.weight"])
-  assert smollm2.cached_s < 1.5 and smollm2.cached_s < smollm2.first_s / 2, (
-      smollm2.first_s, smollm2.cached_s)
+  print(f"cached load: {smollm2.cached_s:.2f} s")  # informational; speed is not a test
 
 
 @needs_smollm2
