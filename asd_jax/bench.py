@@ -6,12 +6,18 @@ is ignored, so every row generates exactly --max-new-tokens per prompt (a fixed 
 --natural-eos lets rows stop at EOS instead.
 
 Modes (rows):
-  ar   ours_plain_greedy (asd_jax.plain_decode), transformers_generate_greedy (reference)
+  ar     ours_plain_greedy (asd_jax.plain_decode), transformers_generate_greedy (reference)
+  spec   ours_plain_greedy, then per --draft strict and ASD (paper preset) rows, chain and/or
+         tree; --asd-budgets, --calibrate-prompts, --protocol, --quality, --assisted add more
+  suite  spec plus everything: transformers generate and assisted generation, the calibrated
+         ASD preset, the paper's strict -> ASD -> strict protocol and natural-EOS quality runs
+         (asd_jax/bench_suite.py describes the order)
 
 Examples:
   python -m asd_jax.bench --mode ar --json out/bench_ar.json
   python -m asd_jax.bench --suite humaneval --num-prompts 4 --max-new-tokens 64 --skip-transformers
   python -m asd_jax.bench --mode spec --draft smollm2-135m-standalone --k 4 --tree 4,4,16
+  python -m asd_jax.bench --mode suite --k 2 --asd-budgets 0,1,2,4,8 --json out/suite.json
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ MODE_ROWS = {
     # spec: plain decoding plus, per --draft, strict and ASD (paper preset) chains and, with
     # --tree, the same over trees; rows are added in main() from the flags.
     "spec": ("ours_plain_greedy",),
+    "suite": ("ours_plain_greedy", "transformers_generate_greedy"),
 }
 TRANSFORMERS_ROWS = frozenset({"transformers_generate_greedy"})
 
@@ -72,12 +79,48 @@ def build_parser() -> argparse.ArgumentParser:
   spec.add_argument("--k", type=int, default=4, help="chain block length K (default 4)")
   spec.add_argument("--tree", help="DEPTH,TOPK,NODES: also run tree rows")
   spec.add_argument("--no-chain", action="store_true", help="tree rows only")
+  suite = p.add_argument_group("--mode spec / suite (suite turns all of these on)")
+  suite.add_argument("--asd-budgets", metavar="B,B,...",
+                     help="ASD budget sweep rows (paper gate and exception cap), e.g. 0,1,2,4,8")
+  suite.add_argument("--calibrate-prompts", type=int, metavar="N",
+                     help="calibrated ASD rows: calibrate_asd (q25) on the last N prompts of "
+                          "each suite, disjoint from the eval prompts (suite default: 8)")
+  suite.add_argument("--protocol", action=argparse.BooleanOptionalAction,
+                     help="strict -> ASD -> strict passes for the ASD gain vs strict")
+  suite.add_argument("--drift-tol", type=float, default=0.03,
+                     help="flag a protocol triple whose strict passes differ by more (0.03)")
+  suite.add_argument("--quality", action=argparse.BooleanOptionalAction,
+                     help="natural-EOS rerun of our rows: NLL, share differing from strict, "
+                          "HumanEval pass@1")
+  suite.add_argument("--quality-max-new-tokens", type=int, default=256)
+  suite.add_argument("--assisted", action=argparse.BooleanOptionalAction,
+                     help="transformers assisted generation with the first standalone --draft")
   return p
 
 
-def spec_runners(args) -> dict[str, RowRunner]:
-  """The speculative rows --mode spec adds, by name, in run order."""
+def resolve_suite_flags(args) -> None:
+  """Fills the suite flags left unset: on in --mode suite, off otherwise."""
+  suite = args.mode == "suite"
+  if args.calibrate_prompts is None:
+    args.calibrate_prompts = 8 if suite else 0
+  for flag in ("protocol", "quality"):
+    if getattr(args, flag) is None:
+      setattr(args, flag, suite)
+  if args.assisted is None:
+    args.assisted = suite and not args.skip_transformers
+  if args.calibrate_prompts < 0 or args.quality_max_new_tokens <= 0 or args.drift_tol < 0:
+    raise ValueError("--calibrate-prompts, --quality-max-new-tokens and --drift-tol must not "
+                     "be negative")
+
+
+def spec_runners(args, calibrated=None) -> dict[str, RowRunner]:
+  """The speculative rows --mode spec/suite adds, by name, in run order.
+
+  Per drafter and shape: strict, ASD paper, ASD calibrated (with `calibrated`, an ASDConfig,
+  chain rows of the calibration drafter only), then the --asd-budgets sweep.
+  """
   from asd_jax.bench_spec_rows import row_name, spec_row
+  from asd_jax.bench_suite import budget_preset, parse_budgets
   from asd_jax.draft_tree import TreeShape
   if args.k <= 0:
     raise ValueError(f"--k must be positive, got {args.k}")
@@ -85,17 +128,31 @@ def spec_runners(args) -> dict[str, RowRunner]:
   shapes = ([] if args.no_chain else [None]) + ([tree] if tree else [])
   if not shapes:
     raise ValueError("--no-chain needs --tree")
+  sweep = [budget_preset(b) for b in parse_budgets(args.asd_budgets)]
   runners = {}
-  for draft in [d for d in args.draft.split(",") if d]:
+  for draft in drafts(args):
     for shape in shapes:
       for rule in ("strict", "asd"):
         runners[row_name(draft, shape, args.k, rule, "paper")] = spec_row(
             draft, k=args.k, tree=shape, rule=rule)
+      presets = list(sweep)
+      if calibrated is not None and shape is None and draft == drafts(args)[0]:
+        presets.insert(0, ("calibrated", calibrated))
+      for preset, cfg in presets:
+        runners[row_name(draft, shape, args.k, "asd", preset)] = spec_row(
+            draft, k=args.k, tree=shape, rule="asd", asd_config=cfg, preset=preset)
   return runners
+
+
+def drafts(args) -> list[str]:
+  return [d for d in args.draft.split(",") if d]
 
 
 def _check_args(args) -> tuple[str, ...]:
   suites = parse_suites(args.suite)
+  resolve_suite_flags(args)
+  from asd_jax.bench_suite import parse_budgets
+  parse_budgets(args.asd_budgets)
   for flag, value in (("--num-prompts", args.num_prompts),
                       ("--max-new-tokens", args.max_new_tokens),
                       ("--batch-size", args.batch_size), ("--repeats", args.repeats)):
@@ -109,6 +166,10 @@ def config_dict(args, suites: tuple[str, ...], rows: tuple[str, ...]) -> dict:
           "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens,
           "ignore_eos": args.ignore_eos, "batch_size": args.batch_size,
           "repeats": args.repeats, "skip_transformers": args.skip_transformers,
+          "draft": args.draft, "k": args.k, "tree": args.tree,
+          "asd_budgets": args.asd_budgets, "calibrate_prompts": args.calibrate_prompts,
+          "protocol": args.protocol, "drift_tol": args.drift_tol, "quality": args.quality,
+          "quality_max_new_tokens": args.quality_max_new_tokens, "assisted": args.assisted,
           "rows": list(rows)}
 
 
@@ -118,17 +179,12 @@ def main(argv=None):
   suites = _check_args(args)
   rows = tuple(r for r in MODE_ROWS[args.mode]
                if not (args.skip_transformers and r in TRANSFORMERS_ROWS))
-  runners = dict(RUNNERS)
-  if args.mode == "spec":
-    extra = spec_runners(args)
-    runners.update(extra)
-    rows = rows + tuple(extra)
   prompts = load_prompts(suites, args.num_prompts)
   enable_compilation_cache()
 
   from tqdm.auto import tqdm
 
-  from asd_jax import bench_report
+  from asd_jax import bench_report, bench_suite
   from models.tokenizer import encode_chat, eos_token_ids, load_tokenizer
 
   load_at_start = bench_report.load_average()
@@ -142,11 +198,52 @@ def main(argv=None):
   if not args.ignore_eos:
     ctx.eos_ids = eos_token_ids(tokenizer, ctx.jax_target[2].hf_config)
 
-  results = run_rows(ctx, [runners[name](ctx) for name in rows])
+  runners = dict(RUNNERS)
+  calibrated, calibration = None, None
+  if args.mode in ("spec", "suite"):
+    if args.calibrate_prompts:
+      calibrated, calibration = bench_suite.calibrate_for_bench(
+          ctx, drafts(args)[0], args.k, suites, args.num_prompts, args.calibrate_prompts,
+          args.max_new_tokens)
+      print(f"calibrated ASD preset (frozen): budget = gate = {calibrated.budget:.4g}, "
+            f"max_exceptions {calibrated.max_exceptions}, normalize_q "
+            f"{calibrated.normalize_q} ({calibration['rounds']} rounds)", file=sys.stderr)
+    if args.assisted:
+      from asd_jax.bench_assisted import transformers_assisted_greedy
+      assisted = transformers_assisted_greedy(drafts(args)[0])
+      runners["assisted"] = assisted
+    extra = spec_runners(args, calibrated)
+    runners.update(extra)
+    rows = rows + (("assisted",) if args.assisted else ()) + tuple(extra)
+
+  prepared = [runners[name](ctx) for name in rows]
+  results = run_rows(ctx, prepared)
   table_rows = bench_report.row_dicts(results)
-  config = config_dict(args, suites, rows)
+  config = config_dict(args, suites, tuple(r["name"] for r in table_rows))
   config["prompt_ids"] = {s: [p.prompt_id for p in prompts if p.suite == s] for s in suites}
   config["prompt_tokens"] = [len(ids) for _, ids in encoded]
+  if calibration is not None:
+    config["asd_calibration"] = calibration
+  if args.protocol:
+    config["protocol"] = bench_suite.run_protocols(ctx, prepared, table_rows, args.drift_tol)
+  if args.mode in ("spec", "suite"):
+    prompt_ids = [(p.suite, p.prompt_id) for p in prompts]
+    prompts_ids = [ids for _, ids in encoded]
+    fixed = bench_suite.quality_columns(ctx, table_rows, results, prompt_ids, prompts_ids,
+                                        pass_at_1=False)
+    natural = {}
+    if args.quality:
+      ours = [r.name for r in results if not r.name.startswith("transformers_")]
+      natural = bench_suite.natural_eos_quality(ctx, runners, ours,
+                                                args.quality_max_new_tokens, prompt_ids,
+                                                prompts_ids)
+    for row in table_rows:
+      q = natural.get(row["name"]) or fixed.get(row["name"]) or {}
+      row["nll"], row["differs_from_strict"] = q.get("nll"), q.get("differs_from_strict")
+      row["pass_at_1"] = q.get("pass_at_1")
+      row["quality_fixed_workload"] = fixed.get(row["name"])
+      if row["name"] in natural:
+        row["quality_natural_eos"] = natural[row["name"]]
   print(f"{args.target} | mode {args.mode} | {', '.join(suites)} x {args.num_prompts} prompts | "
         f"max_new_tokens {args.max_new_tokens} | "
         f"{'EOS ignored' if args.ignore_eos else 'natural EOS'} | batch {args.batch_size} | "

@@ -22,7 +22,10 @@ TABLE_COLUMNS = (("name", "name", "{}"), ("prompts", "prompts", "{}"),
                  ("new tokens", "new_tokens", "{}"), ("wall s", "wall_s", "{:.2f}"),
                  ("tokens/s", "tokens_per_s", "{:.1f}"), ("tau", "tau", "{:.2f}"),
                  ("speedup_vs_plain", "speedup_vs_plain", "{:.2f}x"),
-                 ("match", "match_share", "{:.0%}"))
+                 ("match", "match_share", "{:.0%}"),
+                 ("gain_vs_strict", "gain_vs_strict", "{:+.1%}"), ("drift", "drift", "{}"),
+                 ("nll", "nll", "{:.3f}"), ("differs", "differs_from_strict", "{:.0%}"),
+                 ("pass@1", "pass_at_1", "{:.0%}"))
 
 
 def _cpu_name() -> str:
@@ -81,6 +84,13 @@ def _same_prefix(a: Sequence[int], b: Sequence[int]) -> int:
   return n
 
 
+def accepted_histogram(rounds: int, at_least: Sequence[int]) -> list[int]:
+  """Rounds that accepted exactly j draft tokens, j = 0..K, from the counts of rounds that
+  accepted at least j+1 (DecodeStats.accepted_per_position); tokens per round = j + 1."""
+  ge = [rounds, *at_least, 0]
+  return [ge[j] - ge[j + 1] for j in range(len(ge) - 1)]
+
+
 def row_dicts(results: Sequence[RowResult]) -> list[dict[str, Any]]:
   """JSON-ready rows with tokens_per_s, speedup_vs_plain and match_share filled in.
 
@@ -105,6 +115,10 @@ def row_dicts(results: Sequence[RowResult]) -> list[dict[str, Any]]:
       row["first_mismatch"] = [None if a == b else _same_prefix(a, b) for a, b in pairs]
     if r.name == REFERENCE_ROW:
       row["speedup_vs_plain"] = 1.0
+    if r.rounds:
+      row["rounds"] = r.rounds
+      row["accepted_per_position"] = [round(c / r.rounds, 4) for c in r.accepted_per_position]
+      row["accepted_hist"] = accepted_histogram(r.rounds, r.accepted_per_position)
     row["per_suite"] = {k: {kk: round(vv, 4) if isinstance(vv, float) else vv
                             for kk, vv in v.items()} for k, v in r.per_suite.items()}
     row.update(r.extra)

@@ -55,6 +55,7 @@ class BatchOutput:
   tokens: list[list[int]]
   rounds: int = 0
   round_tokens: int = 0
+  accepted_per_position: tuple[int, ...] = ()  # rounds that accepted >= j+1 draft tokens
 
 
 RunBatch = Callable[[Batch], BatchOutput]
@@ -79,6 +80,8 @@ class RowResult:
   outputs: generated ids per prompt (batches flattened, from the last timed pass).
   wall_s / new_tokens: summed over all timed passes; per_suite the same per suite.
   tau: round_tokens / rounds over all calls, 1.0 for rows without rounds (plain decoding).
+  rounds / accepted_per_position: verification rounds, and how many of them accepted at least
+  j+1 draft tokens (j = block position or tree depth), summed over all timed passes.
   """
   name: str
   outputs: list[list[int]]
@@ -88,6 +91,13 @@ class RowResult:
   tau: float
   per_suite: dict[str, dict[str, float]]
   extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+  rounds: int = 0
+  accepted_per_position: tuple[int, ...] = ()
+
+
+def _add_counts(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
+  n = max(len(a), len(b))
+  return tuple((a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n))
 
 
 def run_rows(ctx: BenchContext, rows: Sequence[PreparedRow]) -> list[RowResult]:
@@ -102,7 +112,7 @@ def run_rows(ctx: BenchContext, rows: Sequence[PreparedRow]) -> list[RowResult]:
     row.warmup()
     warmup_s[row.name] = round(time.perf_counter() - t0, 2)
   acc = {row.name: dict(outputs=[], wall_s=0.0, new_tokens=0, rounds=0, round_tokens=0,
-                        per_suite={}) for row in rows}
+                        per_position=(), per_suite={}) for row in rows}
   bar = (ctx.progress(total=ctx.repeats * len(ctx.batches) * len(rows), desc="bench")
          if ctx.progress else None)
   for rep in range(ctx.repeats):
@@ -119,6 +129,7 @@ def run_rows(ctx: BenchContext, rows: Sequence[PreparedRow]) -> list[RowResult]:
         a["new_tokens"] += n
         a["rounds"] += out.rounds
         a["round_tokens"] += out.round_tokens
+        a["per_position"] = _add_counts(a["per_position"], out.accepted_per_position)
         s = a["per_suite"].setdefault(batch.suite, {"prompts": 0, "new_tokens": 0, "wall_s": 0.0})
         s["new_tokens"] += n
         s["wall_s"] += dt
@@ -138,7 +149,8 @@ def run_rows(ctx: BenchContext, rows: Sequence[PreparedRow]) -> list[RowResult]:
     results.append(RowResult(name=row.name, outputs=a["outputs"], wall_s=a["wall_s"],
                              new_tokens=a["new_tokens"], prompts=len(a["outputs"]), tau=tau,
                              per_suite=a["per_suite"],
-                             extra={"warmup_s": warmup_s[row.name], **row.extra}))
+                             extra={"warmup_s": warmup_s[row.name], **row.extra},
+                             rounds=a["rounds"], accepted_per_position=a["per_position"]))
   return results
 
 

