@@ -35,6 +35,21 @@ class TrainConfig:
   ttt_step_decay: float = 0.8  # weight of unroll step j is decay**j (EAGLE-3)
   medusa_heads: int = 4
   standalone_layers: tuple[int, ...] = (0,)  # target layers copied into the standalone drafter
+  # VSD objective (specs/vsd.md; `--objective=vsd`, EAGLE-3 drafters). Ablations: vsd_lambda_wl=0
+  # (baseline), vsd_arw/vsd_car off (+WL), vsd_car off (+WL+ARW), all on (+WL+ARW+CAR).
+  vsd_paths: int = 16  # S proposals per sampled context position
+  vsd_depth: int = 7  # d
+  vsd_top_k: int = 8  # tree expansion per frontier node
+  vsd_proposal: str = "tree"  # tree | iid (temperature-1 samples)
+  vsd_positions: int = 4  # context positions sampled per sequence per step
+  vsd_eta: float = 1.0  # path weights softmax(eta * utility)
+  vsd_arw: bool = True  # adaptive rejection weighting (control variate on the weights)
+  vsd_car: bool = True  # confidence-aware regularisation (unlikelihood on hard negatives)
+  vsd_gamma: float = 0.5  # CAR's confidence threshold
+  vsd_lambda_div: float = 1.0  # the baseline (TTT) loss, the divergence term
+  vsd_lambda_wl: float = 0.5
+  vsd_lambda_car: float = 0.1
+  diag_positions: int = 8  # held-out positions per sequence for the tree diagnostics (0: off)
   # batch
   seq_len: int = 256
   batch_size: int = 8  # global; must divide by the mesh's data axis
@@ -71,9 +86,17 @@ class TrainConfig:
       raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
     if self.features not in ("online", "offline"):
       raise ValueError(f"features must be online or offline, got {self.features!r}")
-    for f in ("seq_len", "batch_size", "steps", "ttt_steps", "medusa_heads", "eval_k"):
+    for f in ("seq_len", "batch_size", "steps", "ttt_steps", "medusa_heads", "eval_k",
+              "vsd_paths", "vsd_depth", "vsd_top_k", "vsd_positions"):
       if getattr(self, f) <= 0:
         raise ValueError(f"{f} must be positive, got {getattr(self, f)}")
+    if self.vsd_proposal not in ("tree", "iid"):
+      raise ValueError(f"vsd_proposal must be tree or iid, got {self.vsd_proposal!r}")
+    for f in ("vsd_lambda_div", "vsd_lambda_wl", "vsd_lambda_car", "vsd_eta", "diag_positions"):
+      if not getattr(self, f) >= 0:  # also refuses NaN
+        raise ValueError(f"{f} must be >= 0, got {getattr(self, f)}")
+    if not 0.0 <= self.vsd_gamma < 1.0:
+      raise ValueError(f"vsd_gamma must be in [0, 1), got {self.vsd_gamma}")
 
   def dataset_dir(self) -> str:
     return self.data_dir or f"out/data/{self.name}"
@@ -123,6 +146,10 @@ def get_preset(name: str) -> TrainConfig:
   return PRESETS[key]
 
 
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True,
+          "0": False, "false": False, "no": False, "off": False}
+
+
 def with_overrides(cfg: TrainConfig, assignments: list[str]) -> TrainConfig:
   """Applies `field=value` strings (values parsed by the field's type)."""
   fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
@@ -136,7 +163,9 @@ def with_overrides(cfg: TrainConfig, assignments: list[str]) -> TrainConfig:
     if isinstance(current, tuple):
       value = tuple(int(x) for x in raw.split(",") if x)
     elif isinstance(current, bool):
-      value = raw.lower() in ("1", "true", "yes")
+      if raw.lower() not in _BOOLS:
+        raise ValueError(f"bad override {item!r}: expected one of {', '.join(_BOOLS)}")
+      value = _BOOLS[raw.lower()]
     else:
       try:
         value = type(current)(raw)

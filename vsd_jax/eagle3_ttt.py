@@ -16,6 +16,9 @@ Loss = sum_j decay**j * mean_p CE_j (EAGLE-3's step weights, decay 0.8).
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, Callable
+
 import flax.nnx as nnx
 import jax
 import jax.numpy as jnp
@@ -25,6 +28,7 @@ from models.eagle3 import (Eagle3Config, Eagle3Drafter, draft_to_target_ids, ini
                            reduced_vocab_map, set_vocab_map)
 from models.kv_cache import KVCache
 from models.llama import Decoder
+from vsd_jax.vsd_diagnostics import tree_diagnostics_fn
 from vsd_jax.objective_api import (Objective, cast_floats, head_VxD, rank_of, shift_left,
                                    target_hidden, weighted_mean)
 
@@ -39,19 +43,27 @@ def ttt_visibility(t: int, steps: int, step: int) -> jax.Array:
   return context | own_chain
 
 
-def unroll(drafter: Eagle3Drafter, tokens_BxT, features_BxTxF, steps: int):
-  """Draft logits float32 [K, B, T, Vd] of the K-step TTT unroll (see the module docstring)."""
+def unroll(drafter: Eagle3Drafter, tokens_BxT, features_BxTxF, steps: int,
+           extra_slots: int = 0):
+  """The K-step TTT unroll (see the module docstring).
+
+  Returns (draft logits float32 [K, B, T, Vd], step-0 out_hidden [B, T, D], the cache). The
+  cache holds K*T slots (slot j*T + p: step j at row p) plus `extra_slots` unused ones after
+  them, where VSD's draft paths (vsd_jax/draft_paths.py) attend to the step-0 context.
+  """
   b, t = tokens_BxT.shape
-  cache = KVCache.create(drafter.cfg.layer_config(), b, steps * t)
+  cache = KVCache.create(drafter.cfg.layer_config(), b, steps * t + extra_slots)
   pos_BxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
   hidden = features_BxTxF
-  out = []
+  out, hidden0 = [], None
   for j in range(steps):  # K is small and static; each step has its own mask and shapes
+    visible_TxS = jnp.pad(ttt_visibility(t, steps, j), ((0, 0), (0, extra_slots)))
     logits, hidden, cache = drafter(
         shift_left(tokens_BxT, 1 + j), hidden, pos_BxT + j, cache, slots_BxT=pos_BxT + j * t,
-        visible_BxTxS=jnp.broadcast_to(ttt_visibility(t, steps, j), (b, t, steps * t)))
+        visible_BxTxS=jnp.broadcast_to(visible_TxS, (b, t, steps * t + extra_slots)))
     out.append(logits)
-  return jnp.stack(out)
+    hidden0 = hidden if j == 0 else hidden0
+  return jnp.stack(out), hidden0, cache
 
 
 def target_draft_logits(target: Decoder, last_hidden_BxTxD, draft_target_ids_Vd):
@@ -61,7 +73,28 @@ def target_draft_logits(target: Decoder, last_hidden_BxTxD, draft_target_ids_Vd)
   return jnp.einsum("btd,vd->btv", h, w_VdxD.astype(h.dtype), preferred_element_type=jnp.float32)
 
 
-def make_eagle3_objective(cfg, target: Decoder, token_counts_Vt: np.ndarray) -> Objective:
+@dataclasses.dataclass(frozen=True, eq=False)
+class Eagle3Training:
+  """What every objective over an EAGLE-3 drafter shares: its state, the TTT forward and loss.
+
+  forward(trainable, frozen, batch, steps, extra_slots=0) -> (logits [K, B, T, Vd], step-0
+    out_hidden [B, T, D], drafter cache, target hidden [B, T, 4, D], compute-dtype drafter).
+  ttt_loss(logits, target hidden, drafter, frozen, batch) -> (the baseline loss, metrics).
+  """
+
+  ecfg: Eagle3Config
+  trainable: Any
+  frozen: dict
+  forward: Callable
+  ttt_loss: Callable
+  ranks_fn: Callable
+  export: Callable
+  describe: dict
+  eval_steps: int
+  layers: tuple[int, ...]
+
+
+def eagle3_training(cfg, target: Decoder, token_counts_Vt: np.ndarray) -> Eagle3Training:
   """EAGLE-3 drafter for `target` with a frequency-ranked draft vocabulary from the counts."""
   tcfg = target.cfg
   ecfg = Eagle3Config.for_target(tcfg, draft_vocab_size=cfg.draft_vocab_size,
@@ -81,16 +114,15 @@ def make_eagle3_objective(cfg, target: Decoder, token_counts_Vt: np.ndarray) -> 
   frozen = {"drafter": frozen_drafter, "target": target_params,
             "t2d_index": jnp.asarray(t2d_index_Vt)}
 
-  def forward(trainable, frozen, batch, steps=steps):
+  def forward(trainable, frozen, batch, steps=steps, extra_slots=0):
     hidden_BxTxNxD = target_hidden(target_graphdef, frozen["target"], batch, layers)
     model = nnx.merge(compute_graphdef, cast_floats(trainable, cfg.dtype),
                       cast_floats(frozen["drafter"], cfg.dtype))
-    logits_KxBxTxVd = unroll(model, batch["tokens"], hidden_BxTxNxD[:, :, :3], steps)
-    return logits_KxBxTxVd, hidden_BxTxNxD, model
+    logits_KxBxTxVd, hidden0_BxTxD, cache = unroll(
+        model, batch["tokens"], hidden_BxTxNxD[:, :, :3], steps, extra_slots)
+    return logits_KxBxTxVd, hidden0_BxTxD, cache, hidden_BxTxNxD, model
 
-  def loss_fn(trainable, frozen, batch, rng):
-    del rng
-    logits_KxBxTxVd, hidden_BxTxNxD, model = forward(trainable, frozen, batch)
+  def ttt_loss(logits_KxBxTxVd, hidden_BxTxNxD, model, frozen, batch):
     ids_Vd = draft_to_target_ids(model.d2t[...], jnp.arange(ecfg.draft_vocab_size))
     tmodel = nnx.merge(target_graphdef, frozen["target"])
     tgt_BxTxVd = jax.lax.stop_gradient(target_draft_logits(tmodel, hidden_BxTxNxD[:, :, 3],
@@ -110,7 +142,7 @@ def make_eagle3_objective(cfg, target: Decoder, token_counts_Vt: np.ndarray) -> 
     return total, metrics
 
   def ranks_fn(trainable, frozen, batch):
-    logits_KxBxTxVd, _, _ = forward(trainable, frozen, batch, eval_steps)
+    logits_KxBxTxVd = forward(trainable, frozen, batch, eval_steps)[0]
     out = []
     for j in range(eval_steps):
       data_BxT = shift_left(batch["tokens"], 2 + j)
@@ -123,6 +155,21 @@ def make_eagle3_objective(cfg, target: Decoder, token_counts_Vt: np.ndarray) -> 
   describe = {"drafter": "eagle3", "target": [tcfg.vocab_size, tcfg.hidden_size, tcfg.num_layers],
               "draft_vocab_size": ecfg.draft_vocab_size, "fused_layers": list(ecfg.fused_layers),
               "ttt_steps": steps}
-  return Objective(name="eagle3_ttt", trainable=trainable, frozen=frozen, loss_fn=loss_fn,
-                   ranks_fn=ranks_fn, export=export, describe=describe, num_steps=eval_steps,
-                   target_hidden_layers=layers)
+  return Eagle3Training(ecfg=ecfg, trainable=trainable, frozen=frozen, forward=forward,
+                        ttt_loss=ttt_loss, ranks_fn=ranks_fn, export=export, describe=describe,
+                        eval_steps=eval_steps, layers=layers)
+
+
+def make_eagle3_objective(cfg, target: Decoder, token_counts_Vt: np.ndarray) -> Objective:
+  """The EAGLE-3 baseline: the TTT loss alone (specs/vsd.md's L_div)."""
+  e3 = eagle3_training(cfg, target, token_counts_Vt)
+
+  def loss_fn(trainable, frozen, batch, rng):
+    del rng
+    logits_KxBxTxVd, _, _, hidden_BxTxNxD, model = e3.forward(trainable, frozen, batch)
+    return e3.ttt_loss(logits_KxBxTxVd, hidden_BxTxNxD, model, frozen, batch)
+
+  return Objective(name="eagle3_ttt", trainable=e3.trainable, frozen=e3.frozen,
+                   loss_fn=loss_fn, ranks_fn=e3.ranks_fn, export=e3.export,
+                   describe=e3.describe, num_steps=e3.eval_steps, target_hidden_layers=e3.layers,
+                   diagnostics_fn=tree_diagnostics_fn(cfg, e3))

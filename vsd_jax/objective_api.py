@@ -10,8 +10,8 @@ p + 2 + j, the j-th draft token of a round whose last committed token sits at p 
 EAGLE-3: features of p paired with token p + 1, as models/eagle3.py documents). That is what
 vsd_jax/simulated_tau.py replays.
 
-A new objective (VSD, specs/vsd.md) supplies its own `loss_fn` over the same parameters and
-batches; nothing else in the trainer changes.
+An objective over the same drafter (VSD, specs/vsd.md: vsd_jax/vsd_objective.py) supplies its
+own `loss_fn` over the same parameters and batches; nothing else in the trainer changes.
 """
 
 from __future__ import annotations
@@ -53,6 +53,9 @@ class Objective:
   describe: dict
   num_steps: int  # K of ranks_fn
   target_hidden_layers: tuple[int, ...]  # what an offline feature cache must hold
+  # diagnostics_fn(trainable, frozen, batch) -> dict of counts summed over held-out batches
+  # (EAGLE-3: vsd_jax/vsd_diagnostics.py); None: the drafter has none.
+  diagnostics_fn: Callable[[Any, Any, dict], dict] | None = None
 
 
 def cast_floats(tree, dtype):

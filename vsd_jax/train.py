@@ -32,7 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--num-devices", type=int, default=None,
                  help="use the first N devices (default: all; must equal D*M)")
   p.add_argument("--workdir", required=True, help="checkpoints, metrics.jsonl, summary.json")
-  p.add_argument("--objective", default="baseline", help="baseline (VSD: later)")
+  p.add_argument("--objective", default="baseline", choices=("baseline", "vsd"),
+                 help="baseline: the drafter's token loss; vsd: specs/vsd.md (EAGLE-3 drafters; "
+                      "knobs: --set vsd_paths=16 vsd_arw=off ...)")
   p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                  help="override a preset field (repeatable), e.g. --set steps=200")
   p.add_argument("--steps", type=int, default=None,

@@ -30,6 +30,7 @@ from vsd_jax.dataset_builder import DatasetError, dataset_metadata
 from vsd_jax.objectives import make_objective
 from vsd_jax.sharding_rules import batch_sharding, tree_shardings
 from vsd_jax.simulated_tau import simulated_tau
+from vsd_jax.vsd_diagnostics import diagnostic_rates
 from vsd_jax.targets import load_target
 from vsd_jax.train_state import TrainState, init_state, make_optimizer, make_schedule
 
@@ -112,6 +113,11 @@ class Trainer:
     self.eval_loss = jax.jit(lambda p, f, b: obj.loss_fn(p, f, b, jax.random.key(0)),
                              in_shardings=(self.state_shardings.params, frozen_shardings,
                                            self.eval_shardings), out_shardings=replicated)
+    self.diagnostics = None
+    if obj.diagnostics_fn is not None:
+      self.diagnostics = jax.jit(obj.diagnostics_fn, in_shardings=(
+          self.state_shardings.params, frozen_shardings, self.eval_shardings),
+          out_shardings=replicated)
     self.meta = {"objective": {**obj.describe, "name": obj.name},
                  "target": self.target.source, "preset": cfg.name,
                  "param_shapes": param_shapes(obj.trainable)}
@@ -150,7 +156,7 @@ class Trainer:
     cfg, obj = self.cfg, self.objective
     batches = fixed_batches(self.data_dir, "heldout", cfg.batch_size, cfg.seq_len,
                             cfg.eval_examples)
-    ranks, masks, lengths, losses, weights = [], [], [], [], []
+    ranks, masks, lengths, losses, weights, diag = [], [], [], [], [], {}
     share = slice(jax.process_index() * cfg.batch_size // jax.process_count(),
                   (jax.process_index() + 1) * cfg.batch_size // jax.process_count())
     for b in batches:
@@ -158,6 +164,9 @@ class Trainer:
       ranks.append(np.asarray(self.ranks(params, self.frozen, dev)))
       loss, _ = self.eval_loss(params, self.frozen, dev)
       losses.append(float(loss))
+      if self.diagnostics is not None:
+        for k, v in jax.device_get(self.diagnostics(params, self.frozen, dev)).items():
+          diag[k] = diag.get(k, 0) + float(v)
       weights.append(float(b["loss_mask"].sum()))
       masks.append(b["loss_mask"])
       lengths.append(b["length"])
@@ -170,6 +179,8 @@ class Trainer:
     if d > 0 and k > 0:
       d = min(d, ranks.shape[-1])
       out[f"tree_d{d}_top{k}"] = simulated_tau(ranks, masks, lengths, d, top_k=k)
+    if diag:
+      out["diagnostics"] = diagnostic_rates(diag)
     return out
 
   # --- the loop ------------------------------------------------------------------------------
@@ -254,7 +265,10 @@ class Trainer:
     t = time.perf_counter()
     ev = self.evaluate(params)
     record = {"step": step, "eval_loss": ev["loss"],
-              **{f"eval_{k}_tau": v["tau"] for k, v in ev.items() if isinstance(v, dict)}}
+              **{f"eval_{k}_tau": v["tau"] for k, v in ev.items()
+                 if isinstance(v, dict) and "tau" in v},
+              **{f"eval_{k}": v for k, v in ev.get("diagnostics", {}).items()
+                 if k != "positions"}}
     writer.write(record)
     self.log(f"eval @ {step}: " + " ".join(f"{k}={v:.4f}" for k, v in record.items()
                                            if k != "step") + f" ({time.perf_counter() - t:.0f} s)")

@@ -1,0 +1,246 @@
+"""The VSD objective (specs/vsd.md): hand-built E-step/M-step cases, the draft-path rollout
+against a one-path-at-a-time reference, the S = 1 special case, finite gradients, the
+training CLI, and a short run that learns."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs.train_presets import get_preset, with_overrides
+from models.kv_cache import KVCache
+from vsd_jax.data import fixed_batches
+from vsd_jax.draft_paths import oracle_tokens, rollout, sample_positions
+from vsd_jax.sharding_rules import make_mesh
+from vsd_jax.trainer import Trainer
+from vsd_jax.vsd_paths import (NOT_DRAFTABLE, UNKNOWN, accepted_length, arw_weights, car_penalty,
+                               corrected_paths, path_weights, rejected_tokens, weighted_path_nll)
+
+# ------------------------------------------------------------------ hand-built E/M-step cases
+
+
+def test_three_matching_tokens_give_utility_3_and_the_oracle_correction():
+  oracle = jnp.array([5, 6, 7, 8, 9])
+  paths = jnp.array([[5, 6, 7, 1, 2],    # 3 accepted, then rejected
+                     [4, 6, 7, 8, 9],    # rejected at once
+                     [5, 6, 7, 8, 9]])   # all accepted
+  tokens, keep, length = corrected_paths(paths, oracle)
+  np.testing.assert_array_equal(length, [3, 0, 5])
+  np.testing.assert_array_equal(tokens[0][keep[0]], [5, 6, 7, 8])  # 3 tokens + oracle token
+  np.testing.assert_array_equal(tokens[1][keep[1]], [5])
+  np.testing.assert_array_equal(tokens[2][keep[2]], [5, 6, 7, 8, 9])
+  token, rejected = rejected_tokens(paths, oracle, length)
+  np.testing.assert_array_equal(token[:2], [1, 4])
+  np.testing.assert_array_equal(rejected, [True, True, False])
+
+
+def test_sentinels_stop_acceptance_and_are_never_labels():
+  paths = jnp.array([[5, 6, 7], [5, 3, 7]])
+  unknown = jnp.array([5, UNKNOWN, 7])  # end of data after one token
+  tokens, keep, length = corrected_paths(paths, unknown)
+  np.testing.assert_array_equal(length, [1, 1])
+  np.testing.assert_array_equal(keep, [[True, False, False]] * 2)
+  _, rejected = rejected_tokens(paths, unknown, length)
+  assert not rejected.any()  # nothing to compare with: not a rejection
+  undraftable = jnp.array([5, NOT_DRAFTABLE, 7])
+  _, keep, length = corrected_paths(paths, undraftable)
+  np.testing.assert_array_equal(keep, [[True, False, False]] * 2)
+  assert rejected_tokens(paths, undraftable, length)[1].all()  # the target wants another token
+
+
+def test_path_weights_are_a_softmax_over_valid_paths():
+  utility = jnp.array([[3, 0, 1, 9]])
+  valid = jnp.array([[True, True, True, False]])
+  w = path_weights(utility, valid, eta=1.0)
+  expected = np.exp([3, 0, 1]) / np.exp([3, 0, 1]).sum()
+  np.testing.assert_allclose(w[0, :3], expected, rtol=1e-6)
+  assert w[0, 3] == 0
+  np.testing.assert_array_equal(path_weights(utility, valid & False), 0.0)
+
+
+def test_arw_with_zero_confidence_is_the_plain_weights():
+  w = path_weights(jnp.array([[3, 0, 1, 2]]), jnp.ones((1, 4), bool))
+  np.testing.assert_array_equal(arw_weights(w, jnp.zeros(1), jnp.ones((1, 4), bool)), w)
+  full = arw_weights(w, jnp.ones(1), jnp.ones((1, 4), bool))
+  np.testing.assert_allclose(full, w - 0.25, atol=1e-7)  # c = 1: baseline = mean weight
+  np.testing.assert_allclose(full.sum(), 0.0, atol=1e-6)
+
+
+def test_car_is_zero_unless_a_rejected_token_is_above_gamma():
+  q = jnp.array([0.4, 0.9, 0.7])
+  assert car_penalty(q, jnp.array([True, False, False]), gamma=0.5) == 0  # 0.4 <= gamma
+  assert car_penalty(q, jnp.array([False, False, False]), gamma=0.5) == 0
+  got = car_penalty(q, jnp.array([True, True, True]), gamma=0.5)
+  np.testing.assert_allclose(got, 0.9 * -np.log(0.1) + 0.7 * -np.log(0.3), rtol=1e-5)
+  grad = jax.grad(lambda q: car_penalty(q, jnp.array([True, True, True]), 0.5))(q)
+  assert grad[0] == 0 and grad[1] > 0 and np.isfinite(grad).all()
+
+
+def test_weighted_path_nll_sums_kept_tokens():
+  logq = jnp.log(jnp.array([[[0.5, 0.25, 0.1], [0.2, 0.9, 0.9]]]))
+  keep = jnp.array([[[True, True, False], [True, False, False]]])
+  w = jnp.array([[0.75, 0.25]])
+  expected = -(0.75 * np.log(0.5 * 0.25) + 0.25 * np.log(0.2))
+  np.testing.assert_allclose(weighted_path_nll(logq, keep, w), [expected], rtol=1e-6)
+
+
+# ----------------------------------------------------------------- with a tiny EAGLE-3 drafter
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+  from vsd_jax.build_dataset import build
+  data_dir = tmp_path_factory.mktemp("vsd_data")
+  cfg = with_overrides(get_preset("tiny"), [f"data_dir={data_dir}", "ttt_steps=4",
+                                            "vsd_depth=4", "vsd_paths=4", "vsd_top_k=3",
+                                            "vsd_positions=3", "eval_every=0"])
+  build(cfg, log=lambda *_: None)
+  trainer = Trainer(cfg, make_mesh(1, 1, 1), str(tmp_path_factory.mktemp("vsd_work")),
+                    objective="vsd", log=lambda *_: None, progress=False)
+  # Train briefly so the drafter is not uniform (ties would make the tree order arbitrary).
+  trainer.run(12)
+  batch = trainer.put_batch(fixed_batches(cfg.dataset_dir(), "heldout", cfg.batch_size,
+                                          cfg.seq_len, cfg.batch_size)[0], train=False)
+  yield trainer, batch
+  trainer.close()
+
+
+def _forward_and_paths(trainer, batch, proposal, num_paths, depth, key):
+  """The E-step's pieces outside the loss: TTT forward, positions, rollout, oracle."""
+  from vsd_jax.eagle3_ttt import eagle3_training
+  cfg = trainer.cfg
+  e3 = eagle3_training(cfg, trainer.target.model, np.ones(trainer.target.cfg.vocab_size))
+  params = trainer.state.params
+  frozen = trainer.frozen  # the trainer's vocabulary map; e3 only supplies the functions
+  t = batch["tokens"].shape[1]
+  extra = (depth - 1) * cfg.vsd_positions * num_paths
+  logits, hidden0, cache, _, model = e3.forward(params, frozen, batch, extra_slots=extra)
+  rows, ok = sample_positions(jax.random.key(key), batch["loss_mask"], cfg.vsd_positions)
+  paths = rollout(model, cache, context_len=t, first_free_slot=cfg.ttt_steps * t,
+                  logits0_BxTxVd=logits[0], hidden0_BxTxD=hidden0, rows_BxP=rows,
+                  num_paths=num_paths, depth=depth, proposal=proposal, top_k=cfg.vsd_top_k,
+                  key=jax.random.key(key + 1))
+  oracle = oracle_tokens(batch["tokens"], batch["loss_mask"], frozen["t2d_index"], rows, depth)
+  return logits, model, rows, ok, paths, oracle
+
+
+def test_tree_paths_match_drafting_one_path_at_a_time(tiny):
+  trainer, batch = tiny
+  logits, model, rows, ok, paths, _ = _forward_and_paths(trainer, batch, "tree", 4, 4, 0)
+  got = np.asarray(paths.log_prob(paths.tokens))
+  assert bool(ok.any()) and bool(paths.valid.all())
+  tokens = np.asarray(batch["tokens"])
+  t = tokens.shape[1]
+  from vsd_jax.objective_api import target_hidden
+  import flax.nnx as nnx
+  tgraph, _ = nnx.split(trainer.target.model)
+  hidden = target_hidden(tgraph, trainer.frozen["target"], batch,
+                         trainer.objective.target_hidden_layers)[:, :, :3]
+  checked = 0
+  for b in range(tokens.shape[0]):
+    for k in range(rows.shape[1]):
+      if not ok[b, k]:
+        continue
+      p = int(rows[b, k])
+      for s in range(paths.tokens.shape[2]):
+        z = np.asarray(paths.tokens[b, k, s])
+        # Reference: a fresh cache, the context rows 0..p, then the path token by token.
+        cache = KVCache.create(model.cfg.layer_config(), 1, t + len(z))
+        pos = jnp.arange(p + 1)[None]
+        lg, h, cache = model(jnp.asarray(tokens[b:b + 1, 1:p + 2]), hidden[b:b + 1, :p + 1],
+                             pos, cache)
+        ref = [jax.nn.log_softmax(lg[0, p])[z[0]]]
+        h_prev = h[:, p:p + 1]
+        for i in range(1, len(z)):
+          lg, h_prev, cache = model(jnp.asarray([[z[i - 1]]]), h_prev, jnp.asarray([[p + i]]),
+                                    cache)
+          ref.append(jax.nn.log_softmax(lg[0, 0])[z[i]])
+        np.testing.assert_allclose(got[b, k, s], np.array(ref), atol=2e-4)
+        checked += 1
+  assert checked >= 4
+  # Tree property: the kept paths are distinct and ordered by cumulative log-probability.
+  cum = got.sum(-1)
+  assert (np.diff(cum, axis=-1) <= 1e-5).all()
+  for b in range(tokens.shape[0]):
+    for k in range(rows.shape[1]):
+      assert len({tuple(z) for z in np.asarray(paths.tokens[b, k])}) == paths.tokens.shape[2]
+
+
+def test_s1_without_arw_and_car_is_the_truncated_hard_ttt_loss(tiny):
+  """S = 1, ARW and CAR off (the documented special case): L_WL at a position is the hard NLL
+  of the first l + 1 data tokens under the TTT unroll's teacher-forced states."""
+  trainer, batch = tiny
+  logits, model, rows, ok, paths, oracle = _forward_and_paths(trainer, batch, "iid", 1, 4, 3)
+  tokens_c, keep, length = corrected_paths(paths.tokens, oracle)
+  wl = weighted_path_nll(paths.log_prob(tokens_c), keep, path_weights(length, paths.valid))
+  t2d = np.asarray(trainer.frozen["t2d_index"])
+  tokens, mask = np.asarray(batch["tokens"]), np.asarray(batch["loss_mask"])
+  logq = np.asarray(jax.nn.log_softmax(logits, -1))  # [K, B, T, Vd]
+  checked = 0
+  for b in range(tokens.shape[0]):
+    for k in range(rows.shape[1]):
+      if not ok[b, k]:
+        continue
+      p, l = int(rows[b, k]), int(length[b, k, 0])
+      expected = 0.0
+      for j in range(min(l + 1, 4)):
+        at = p + 2 + j
+        if at >= tokens.shape[1] or mask[b, at] == 0 or t2d[tokens[b, at]] < 0:
+          break
+        expected -= logq[j, b, p, t2d[tokens[b, at]]]
+      np.testing.assert_allclose(float(wl[b, k]), expected, rtol=2e-4, atol=2e-4)
+      checked += 1
+  assert checked >= 4
+
+
+def test_vsd_loss_gradients_are_finite_and_reach_every_parameter(tiny):
+  trainer, batch = tiny
+  obj = trainer.objective
+  (loss, metrics), grads = jax.value_and_grad(obj.loss_fn, has_aux=True)(
+      trainer.state.params, trainer.frozen, batch, jax.random.key(7))
+  assert np.isfinite(float(loss))
+  for name in ("loss_div", "loss_wl", "loss_car", "vsd_utility", "vsd_confidence"):
+    assert np.isfinite(float(metrics[name])), name
+  leaves = jax.tree_util.tree_leaves(grads)
+  assert all(np.isfinite(np.asarray(g)).all() for g in leaves)
+  assert sum(float(jnp.abs(g).sum()) > 0 for g in leaves) == len(leaves)
+  # WL adds a real gradient on top of the divergence term.
+  cfg_wl = dataclasses.replace(trainer.cfg, vsd_lambda_div=0.0, vsd_car=False)
+  from vsd_jax.vsd_objective import make_vsd_objective
+  from vsd_jax.data import response_token_counts
+  wl_only = make_vsd_objective(cfg_wl, trainer.target.model, response_token_counts(
+      trainer.data_dir, trainer.target.cfg.vocab_size))
+  g = jax.grad(lambda p: wl_only.loss_fn(p, trainer.frozen, batch, jax.random.key(7))[0])(
+      trainer.state.params)
+  assert float(sum(jnp.abs(x).sum() for x in jax.tree_util.tree_leaves(g))) > 0
+
+
+def test_diagnostics_are_rates(tiny):
+  trainer, _ = tiny
+  ev = trainer.evaluate(trainer.state.params)
+  d = ev["diagnostics"]
+  assert d["positions"] > 0
+  assert 0 <= d["greedy_pruned_rate"] <= 1 and 0 <= d["accepted_is_greedy_rate"] <= 1
+  assert d["tree_tau"] >= d["greedy_tau"] - 1e-9 or d["greedy_pruned_rate"] > 0
+  assert d["tree_tau"] >= 1 and d["greedy_tau"] >= 1
+
+
+def test_cli_objective_choices_and_drafter_check(tmp_path, capsys):
+  from vsd_jax.train import main
+  with pytest.raises(SystemExit):
+    main(["--config=tiny", f"--workdir={tmp_path}", "--objective=nope"])
+  assert "invalid choice: 'nope'" in capsys.readouterr().err
+  rc = main(["--config=tiny", f"--workdir={tmp_path}", "--objective=vsd", "--set",
+             "vsd_proposal=beam"])
+  assert rc == 2 and "vsd_proposal must be tree or iid" in capsys.readouterr().err
+  rc = main(["--config=tiny", f"--workdir={tmp_path}", "--set", "vsd_arw=maybe"])
+  assert rc == 2 and "vsd_arw" in capsys.readouterr().err
+
+
+def test_vsd_refuses_non_eagle3_drafters():
+  from vsd_jax.vsd_objective import make_vsd_objective
+  cfg = get_preset("tiny_medusa")
+  with pytest.raises(ValueError, match="trains EAGLE-3 drafters"):
+    make_vsd_objective(cfg, None, np.ones(64))
