@@ -85,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
   suite.add_argument("--calibrate-prompts", type=int, metavar="N",
                      help="calibrated ASD rows: calibrate_asd (q25) on the last N prompts of "
                           "each suite, disjoint from the eval prompts (suite default: 8)")
+  suite.add_argument("--calibration-source", choices=("suite-tail", "training"),
+                     default="suite-tail",
+                     help="calibration prompts: the suites' last N prompts (default) or offline "
+                          "training-style prompts (for evals over whole suites)")
   suite.add_argument("--protocol", action=argparse.BooleanOptionalAction,
                      help="strict -> ASD -> strict passes for the ASD gain vs strict")
   suite.add_argument("--drift-tol", type=float, default=0.03,
@@ -116,8 +120,8 @@ def resolve_suite_flags(args) -> None:
 def spec_runners(args, calibrated=None) -> dict[str, RowRunner]:
   """The speculative rows --mode spec/suite adds, by name, in run order.
 
-  Per drafter and shape: strict, ASD paper, ASD calibrated (with `calibrated`, an ASDConfig,
-  chain rows of the calibration drafter only), then the --asd-budgets sweep.
+  Per drafter and shape: strict, ASD paper; for the first drafter's first shape also ASD
+  calibrated (with `calibrated`, an ASDConfig; chain only) and the --asd-budgets sweep.
   """
   from asd_jax.bench_spec_rows import row_name, spec_row
   from asd_jax.bench_suite import budget_preset, parse_budgets
@@ -135,7 +139,8 @@ def spec_runners(args, calibrated=None) -> dict[str, RowRunner]:
       for rule in ("strict", "asd"):
         runners[row_name(draft, shape, args.k, rule, "paper")] = spec_row(
             draft, k=args.k, tree=shape, rule=rule)
-      presets = list(sweep)
+      first_chain = shape is shapes[0] and draft == drafts(args)[0]
+      presets = list(sweep) if first_chain else []
       if calibrated is not None and shape is None and draft == drafts(args)[0]:
         presets.insert(0, ("calibrated", calibrated))
       for preset, cfg in presets:
@@ -168,6 +173,7 @@ def config_dict(args, suites: tuple[str, ...], rows: tuple[str, ...]) -> dict:
           "repeats": args.repeats, "skip_transformers": args.skip_transformers,
           "draft": args.draft, "k": args.k, "tree": args.tree,
           "asd_budgets": args.asd_budgets, "calibrate_prompts": args.calibrate_prompts,
+          "calibration_source": args.calibration_source,
           "protocol": args.protocol, "drift_tol": args.drift_tol, "quality": args.quality,
           "quality_max_new_tokens": args.quality_max_new_tokens, "assisted": args.assisted,
           "rows": list(rows)}
@@ -204,7 +210,7 @@ def main(argv=None):
     if args.calibrate_prompts:
       calibrated, calibration = bench_suite.calibrate_for_bench(
           ctx, drafts(args)[0], args.k, suites, args.num_prompts, args.calibrate_prompts,
-          args.max_new_tokens)
+          args.max_new_tokens, args.calibration_source)
       print(f"calibrated ASD preset (frozen): budget = gate = {calibrated.budget:.4g}, "
             f"max_exceptions {calibrated.max_exceptions}, normalize_q "
             f"{calibrated.normalize_q} ({calibration['rounds']} rounds)", file=sys.stderr)

@@ -1,7 +1,8 @@
 """The calibrated ASD preset of the benchmark: `calibrate_asd` on prompts disjoint from the eval.
 
 Calibration split: the *last* `count` prompts of each suite, while the eval uses the first
-`--num-prompts`; the split is refused if the two overlap. The config is computed once, before
+`--num-prompts`; the split is refused if the two overlap. For an eval over whole suites,
+`--calibration-source training` takes offline training-style prompts instead. The config is computed once, before
 any timed row runs, and frozen into the rows and the JSON with the prompt ids it came from.
 
 Calibration rounds are the rounds strict speculative decoding runs on those prompts: the target
@@ -33,14 +34,35 @@ from asd_jax.sampling import SamplingConfig
 WIDTH_BUCKET = 64
 
 
-def calibration_prompts(suites: Sequence[str], eval_count: int, count: int) -> list[BenchPrompt]:
-  """The last `count` prompts of each suite; ValueError if they overlap the first eval_count."""
+CALIBRATION_SOURCES = ("suite-tail", "training")
+TRAINING_SEED = 1  # the shipped drafters were distilled on seed-0 prompts
+
+
+def calibration_prompts(suites: Sequence[str], eval_count: int, count: int,
+                        source: str = "suite-tail") -> list[BenchPrompt]:
+  """Calibration prompts disjoint from the eval prompts (the first eval_count of each suite).
+
+  suite-tail: the last `count` prompts of each suite (ValueError if they would overlap the
+  eval prompts, e.g. when the eval takes a whole suite). training: count * len(suites) offline
+  training-style prompts (scripts/training_prompts.py, seed 1), for full-suite evals.
+  """
+  if source == "training":
+    try:
+      from scripts.training_prompts import build_training_prompts
+    except ImportError:
+      raise ValueError("--calibration-source training needs scripts/training_prompts.py "
+                       "(run from the repository root)") from None
+    texts = build_training_prompts(count * len(suites), seed=TRAINING_SEED)
+    return [BenchPrompt("training", f"seed{TRAINING_SEED}-{i}", t) for i, t in enumerate(texts)]
+  if source != "suite-tail":
+    raise ValueError(f"unknown calibration source {source!r}; choose from "
+                     f"{', '.join(CALIBRATION_SOURCES)}")
   out = []
   for suite in suites:
     prompts = LOADERS[suite]()
     if eval_count + count > len(prompts):
       raise ValueError(f"{suite} has {len(prompts)} prompts: {eval_count} eval + {count} "
-                       "calibration prompts would overlap")
+                       "calibration prompts would overlap (use --calibration-source training)")
     out.extend(prompts[len(prompts) - count:])
   return out
 

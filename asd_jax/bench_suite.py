@@ -47,7 +47,8 @@ def budget_preset(budget: float) -> tuple[str, ASDConfig]:
 
 
 def calibrate_for_bench(ctx: BenchContext, draft: str, k: int, suites: Sequence[str],
-                        eval_count: int, count: int, max_new_tokens: int):
+                        eval_count: int, count: int, max_new_tokens: int,
+                        source: str = "suite-tail"):
   """(ASDConfig, record): the q25 recipe on the calibration split, with chain drafter `draft`."""
   import jax
 
@@ -58,7 +59,7 @@ def calibrate_for_bench(ctx: BenchContext, draft: str, k: int, suites: Sequence[
   from models.tokenizer import encode_chat
 
   t0 = time.perf_counter()
-  prompts = calibration_prompts(suites, eval_count, count)
+  prompts = calibration_prompts(suites, eval_count, count, source)
   _, _, loaded = ctx.jax_target
   setup = setup_drafter(draft, loaded, k=k, target_name=ctx.target)
   if setup.engine != "chain":
@@ -74,8 +75,9 @@ def calibrate_for_bench(ctx: BenchContext, draft: str, k: int, suites: Sequence[
   cfg, record = calibrate_on_prompts(setup.target_fns, setup.target_params, setup.drafter,
                                      setup.params, encoded, answers)
   record.update({"draft": draft, "k": k, "quantile": 0.25, "max_new_tokens": max_new_tokens,
+                 "source": source,
                  "prompt_ids": {s: [p.prompt_id for p in prompts if p.suite == s]
-                                for s in suites},
+                                for s in dict.fromkeys(p.suite for p in prompts)},
                  "seconds": round(time.perf_counter() - t0, 1)})
   return cfg, record
 

@@ -256,3 +256,20 @@ def test_suite_end_to_end_on_a_tiny_pair(tiny_target, tiny_drafter, tmp_path, ca
   plots_main([str(out), "--out", str(tmp_path / "plots")])
   for name in ("asd_speed_quality.png", "acceptance_per_position.png", "tau_histogram.png"):
     assert (tmp_path / "plots" / name).stat().st_size > 1000
+
+
+@needs_assets
+def test_calibration_split_is_disjoint_from_the_eval_prompts():
+  from asd_jax.bench_calibration import calibration_prompts
+  from asd_jax.bench_prompts import load_prompts
+  suites = ("mt_bench", "humaneval")
+  eval_texts = {p.text for p in load_prompts(suites, 80)}
+  tail = calibration_prompts(suites, 4, 3)
+  assert [p.suite for p in tail] == ["mt_bench"] * 3 + ["humaneval"] * 3
+  assert not {p.text for p in tail} & {p.text for p in load_prompts(suites, 4)}
+  with pytest.raises(ValueError, match="overlap"):
+    calibration_prompts(suites, 80, 1)
+  training = calibration_prompts(suites, 80, 3, source="training")
+  assert len(training) == 6 and not {p.text for p in training} & eval_texts
+  with pytest.raises(ValueError, match="calibration source"):
+    calibration_prompts(suites, 4, 3, source="gsm8k")
