@@ -31,6 +31,7 @@ import jax.numpy as jnp
 
 from asd_jax.lm_api import LanguageModelFns
 from asd_jax.sampling import SamplingConfig, probabilities
+from asd_jax.sampling_keys import categorical_rows, split_keys
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,8 +104,7 @@ def _children(logits_BxMxV, key, k, sampling: SamplingConfig):
     return tok_BxMxk.astype(jnp.int32), logq_BxMxk
   q_BxMxV = probabilities(logits_BxMxV.reshape(-1, logits_BxMxV.shape[-1]), sampling)
   q_BxMxV = q_BxMxV.reshape(logits_BxMxV.shape)
-  tok_kxBxM = jax.random.categorical(key, jnp.log(q_BxMxV), axis=-1,
-                                     shape=(k,) + logits_BxMxV.shape[:2])
+  tok_kxBxM = categorical_rows(key, jnp.log(q_BxMxV), num=k)
   tok_BxMxk = jnp.moveaxis(tok_kxBxM, 0, -1).astype(jnp.int32)
   logq_BxMxk = jnp.log(jnp.take_along_axis(q_BxMxV, tok_BxMxk, axis=-1))
   return tok_BxMxk, logq_BxMxk
@@ -204,7 +204,7 @@ def lm_tree_drafter(fns: LanguageModelFns, shape: TreeShape) -> TreeDrafter:
 
   def propose(params, cache, window_BxW, window_pos_BxW, committed_B, rng, sampling, capacity,
               features_BxWxF=None):
-    keys = jax.random.split(rng, shape.depth)
+    keys = split_keys(rng, shape.depth)
     logits_BxWxV, _, cache = fns.forward(params, window_BxW, window_pos_BxW, cache)
 
     def expand(front_tok, carry, positions, slots, visible):

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 
 from asd_jax.lm_api import LanguageModelFns
 from asd_jax.sampling import SamplingConfig, select_token
+from asd_jax.sampling_keys import split_keys
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -31,6 +32,7 @@ class ChainDrafter:
   prefill(params, prompt_BxT, lengths_B, capacity) -> state
   propose(params, state, recent_Bx2, positions_Bx2, rng, sampling)
       -> (draft_BxK int32, draft_logits_BxKxV float32 or None when sampling is greedy, state)
+      rng is a key per row [B] (sampling.split_keys / select_token keep row b on rng[b]).
   """
 
   prefill: Callable[..., Any]
@@ -54,7 +56,7 @@ def lm_chain_drafter(fns: LanguageModelFns, num_draft: int) -> ChainDrafter:
 
   def propose(params, cache, recent_Bx2, positions_Bx2, rng, sampling: SamplingConfig):
     logits_Bx2xV, _, cache = fns.forward(params, recent_Bx2, positions_Bx2, cache)
-    keys = jax.random.split(rng, num_draft)
+    keys = split_keys(rng, num_draft)
     first_logits_BxV = logits_Bx2xV[:, 1]
     first_B = select_token(first_logits_BxV, keys[0], sampling)
 

@@ -18,6 +18,7 @@ import numpy as np
 from asd_jax import request_checks
 from asd_jax.lm_api import LanguageModelFns
 from asd_jax.sampling import SamplingConfig, select_token
+from asd_jax.sampling_keys import row_keys, split_keys
 
 CAPACITY_BUCKET = 64
 
@@ -75,7 +76,7 @@ def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_
   b = prompt_BxT.shape[0]
   cache = fns.init_cache(b, capacity)
   logits_BxV, _, cache = fns.prefill(params, prompt_BxT, lengths_B, cache)
-  rng, sub = jax.random.split(rng)
+  rng, sub = split_keys(rng, 2)
   state = _LoopState(
       step=jnp.zeros((), jnp.int32),
       tokens_BxN=jnp.full((b, max_new_tokens), -1, jnp.int32),
@@ -96,7 +97,7 @@ def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_
     position_B = lengths_B + jnp.maximum(s.num_generated_B - 1, 0)
     logits_Bx1xV, _, cache = fns.forward(params, jnp.maximum(last_B, 0)[:, None],
                                          position_B[:, None], s.cache)
-    rng, sub = jax.random.split(s.rng)
+    rng, sub = split_keys(s.rng, 2)
     s = s.replace(step=s.step + 1, cache=cache, rng=rng)
     return _emit(s, logits_Bx1xV[:, 0], sub, max_new_B, eos_ids, sampling)
 
@@ -115,6 +116,8 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
     max_new_tokens: size of the output buffer (static); max_new_B optionally lowers it per row.
     eos_ids: a row stops after emitting any of these (it is included in the output).
     sampling: greedy by default.
+    seed: an int, or int[B] one per request; each row samples from its own key
+      (asd_jax.sampling_keys.row_keys), so a row's output does not depend on its batch.
     capacity: KV-cache slots per row (static); default: prompt width + max_new_tokens rounded
       up to a multiple of 64, so nearby request sizes share one compiled program.
   """
@@ -131,6 +134,6 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
   if (max_new_B > max_new_tokens).any() or (max_new_B < 0).any():
     raise ValueError(f"max_new_B must be in [0, {max_new_tokens}], got {max_new_B.tolist()}")
   return _plain_decode(fns, params, jnp.asarray(prompt), jnp.asarray(lengths),
-                       jnp.asarray(max_new_B), jax.random.key(seed),
+                       jnp.asarray(max_new_B), row_keys(seed, prompt.shape[0]),
                        max_new_tokens=max_new_tokens, capacity=int(capacity), eos_ids=eos_ids,
                        sampling=sampling)

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from asd_jax.greedy_verify import first_argmax
+from asd_jax.sampling_keys import categorical_rows
 from asd_jax.spec_sampling import apply_sampling_filters
 
 
@@ -46,8 +47,10 @@ def probabilities(logits_BxV: jax.Array, cfg: SamplingConfig) -> jax.Array:
 
 
 def select_token(logits_BxV: jax.Array, rng: jax.Array, cfg: SamplingConfig) -> jax.Array:
-  """int32[B]: argmax when greedy, else a sample from the filtered distribution."""
+  """int32[B]: argmax when greedy, else a sample from the filtered distribution.
+
+  rng: one key, or a key per row [B] (row b then draws from rng[b] only).
+  """
   if cfg.greedy:
     return first_argmax(logits_BxV)[0]  # == jnp.argmax, without XLA:CPU's slow argmax path
-  return jax.random.categorical(rng, jnp.log(probabilities(logits_BxV, cfg)),
-                                axis=-1).astype(jnp.int32)
+  return categorical_rows(rng, jnp.log(probabilities(logits_BxV, cfg)))

@@ -31,6 +31,7 @@ from asd_jax.greedy_verify import greedy_verify
 from asd_jax.lm_api import LanguageModelFns
 from asd_jax.plain_decode import CAPACITY_BUCKET
 from asd_jax.sampling import SamplingConfig, select_token
+from asd_jax.sampling_keys import row_keys, split_keys
 from asd_jax.spec_sampling import speculative_sample
 
 RULES = ("strict", "asd", "sample")
@@ -137,7 +138,7 @@ def initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampl
                   max_new_tokens, depth, target_cache, drafter_state, history_width):
   """Loop state after prefill: the first token (from the prefill logits) is committed."""
   b = prompt_BxT.shape[0]
-  rng, sub = jax.random.split(rng)
+  rng, sub = split_keys(rng, 2)
   first_B = select_token(first_logits_BxV, sub, sampling)
   first_ok_B = jnp.isfinite(first_logits_BxV).all(axis=-1)
   last_prompt_B = jnp.take_along_axis(prompt_BxT, (lengths_B - 1)[:, None], axis=1)[:, 0]
@@ -197,7 +198,7 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
     return ~jnp.all(s.done_B) & (s.round < max_new_tokens)
 
   def body(s: _RoundState):
-    rng, k_draft, k_verify = jax.random.split(s.rng, 3)
+    rng, k_draft, k_verify = split_keys(s.rng, 3)
     positions_Bx2 = s.committed_B[:, None] + jnp.array([-2, -1])
     draft_BxK, draft_logits, drafter_state = drafter.propose(
         drafter_params, s.drafter_state, s.recent_Bx2, positions_Bx2, k_draft, sampling)
@@ -236,10 +237,17 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
       `asd_config`; the ledger persists across rounds for the whole request) or "sample"
       (lossless speculative sampling with `sampling`; output distributed as plain sampling).
     eos_ids: a row stops after emitting any of these (kept in the output).
+    seed: an int, or int[B] one per request (asd_jax.sampling_keys.row_keys). Each row draws
+      from its own key, so with per-request seeds a sampled row equals the same request run
+      alone with its seed, whatever else is in the batch.
     capacity: cache slots per row (static); default: required_capacity rounded up to 64.
 
   Returns:
-    SpecDecodeResult with tokens, lengths, non-finite flags and DecodeStats.
+    SpecDecodeResult with tokens, lengths, non-finite flags and DecodeStats. Non-finite
+    (NaN/inf) target logits for a row stop that row with nonfinite_B set; the token they would
+    have chosen is not emitted (everything committed before stays). Non-finite drafter logits
+    stop the row the same way under rule="sample"; under strict/asd the target verifies every
+    drafted token, so a broken drafter only costs acceptance, never a wrong token.
   """
   if not isinstance(drafter, ChainDrafter):
     raise TypeError(f"drafter must be a ChainDrafter, got {type(drafter).__name__}")
@@ -255,7 +263,7 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
 
 @dataclasses.dataclass(frozen=True)
 class PreparedRequest:
-  arrays: tuple  # prompt_BxT, lengths_B, max_new_B, asd_scalars, rng key
+  arrays: tuple  # prompt_BxT, lengths_B, max_new_B, asd_scalars, a PRNG key per row
   max_new_tokens: int
   capacity: int
   eos_ids: tuple[int, ...]
@@ -293,5 +301,5 @@ def prepare_request(target: LanguageModelFns, drafter_vocab: int, prompt_BxT, le
   asd_scalars = (np.float32(asd_config.budget), np.float32(asd_config.gate),
                  np.int32(asd_config.max_exceptions))
   arrays = (jnp.asarray(prompt), jnp.asarray(lengths), jnp.asarray(max_new_B), asd_scalars,
-            jax.random.key(seed))
+            row_keys(seed, prompt.shape[0]))
   return PreparedRequest(arrays, max_new_tokens, int(capacity), eos_ids)

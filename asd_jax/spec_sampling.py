@@ -41,6 +41,7 @@ from jax import lax
 
 from asd_jax import verify_checks as checks
 from asd_jax.greedy_verify import first_argmax, prefix_length, target_argmax
+from asd_jax.sampling_keys import is_row_keys
 from asd_jax.verify_output import NONFINITE_TOKEN, TreeVerifyOutput, VerifyOutput
 
 
@@ -111,9 +112,14 @@ def apply_sampling_filters(logits, temperature: float = 1.0, top_k: int = 0,
 
 def _noise(key, batch: int, slots: int, vocab: int):
   # The chain and the tree draw the same noise, so a chain given as a tree samples the same.
-  k_accept, k_sample = jax.random.split(key)
-  return (jax.random.uniform(k_accept, (batch, slots)),
-          jax.random.gumbel(k_sample, (batch, vocab)))
+  def draw(key, rows: tuple[int, ...]):
+    k_accept, k_sample = jax.random.split(key)
+    return (jax.random.uniform(k_accept, rows + (slots,)),
+            jax.random.gumbel(k_sample, rows + (vocab,)))
+
+  if is_row_keys(key):  # a key per row: row b's noise depends on key[b] only
+    return jax.vmap(lambda k: draw(k, ()))(key)
+  return draw(key, (batch,))
 
 
 def _draw(dist_V, gumbel_V):
@@ -215,15 +221,15 @@ def _tree_core(tokens_BxN, parents_BxN, draft_logits_BxNxV, target_logits_BxRxV,
   )
 
 
-def _check_key(key):
+def _check_key(key, batch: int):
   key = checks.as_array(key, "key")
   if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
-    if key.ndim == 0:
+    if key.ndim == 0 or tuple(key.shape) == (batch,):
       return key
   elif key.dtype == jnp.uint32 and key.ndim == 1:
     return key
-  raise TypeError(f"key must be one PRNG key (jax.random.key or PRNGKey), got "
-                  f"{key.dtype}{tuple(key.shape)}")
+  raise TypeError(f"key must be one PRNG key (jax.random.key or PRNGKey) or a key per row "
+                  f"(jax.random.key array [{batch}]), got {key.dtype}{tuple(key.shape)}")
 
 
 def speculative_sample(draft_tokens, draft_logits, target_logits, key, *,
@@ -235,7 +241,8 @@ def speculative_sample(draft_tokens, draft_logits, target_logits, key, *,
     draft_tokens: int[B, K], x_i drawn from the filtered draft_logits[:, i].
     draft_logits: float[B, K, V] the draft's logits for each position.
     target_logits: float[B, K+1, V] (row K is the bonus row).
-    key: one PRNG key for the whole batch.
+    key: one PRNG key for the whole batch, or a typed key per row [B] (row b's draws then
+      depend on key[b] only, as in the decode engines).
     temperature, top_k, top_p: static filters applied to both distributions.
     check_values: check ids on concrete inputs (skipped under jit).
 
@@ -250,7 +257,7 @@ def speculative_sample(draft_tokens, draft_logits, target_logits, key, *,
   b, k = draft.shape
   zq = checks.logits(draft_logits, "draft_logits", (b, k, vocab))
   checks.token_range(draft, vocab, "draft_tokens", check_values)
-  return _chain_core(draft, zq, z, _check_key(key), temperature=temperature, top_k=top_k,
+  return _chain_core(draft, zq, z, _check_key(key, b), temperature=temperature, top_k=top_k,
                      top_p=top_p)
 
 
@@ -278,5 +285,5 @@ def tree_speculative_sample(tree_tokens, parents, draft_logits, target_logits, k
   b, n = toks.shape
   zq = checks.logits(draft_logits, "draft_logits", (b, n, vocab))
   checks.token_range(toks, vocab, "tree_tokens", check_values)
-  return _tree_core(toks, par, zq, z, _check_key(key), depth=depth, temperature=temperature,
+  return _tree_core(toks, par, zq, z, _check_key(key, b), depth=depth, temperature=temperature,
                     top_k=top_k, top_p=top_p)

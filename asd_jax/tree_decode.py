@@ -21,6 +21,7 @@ from asd_jax.asd_config import ASDConfig
 from asd_jax.draft_tree import TreeDrafter
 from asd_jax.lm_api import LanguageModelFns
 from asd_jax.sampling import SamplingConfig
+from asd_jax.sampling_keys import split_keys
 from asd_jax.spec_decode import (SpecDecodeResult, _commit, _RoundState, finish, initial_state,
                                  prepare_request)
 from asd_jax.spec_sampling import tree_speculative_sample
@@ -103,7 +104,7 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
     return ~jnp.all(s.done_B) & (s.round < max_new_tokens)
 
   def body(s: _RoundState):
-    rng, k_draft, k_verify = jax.random.split(s.rng, 3)
+    rng, k_draft, k_verify = split_keys(s.rng, 3)
     n_B = s.committed_B
     # Positions below 0 (short prompts) re-feed position 0: the same token, the same entry.
     window_pos_BxW = jnp.maximum(n_B[:, None] - window + jnp.arange(window), 0)

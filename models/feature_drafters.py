@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from asd_jax.draft_tree import TreeDrafter, TreeShape, grow_dynamic_tree
+from asd_jax.sampling_keys import split_keys
 from models.eagle3 import Eagle3Fns, draft_logits_to_target
 from models.llama import Decoder
 from models.medusa import MedusaHeads, medusa_logits, target_head_VxD
@@ -61,7 +62,7 @@ def eagle3_tree_drafter(fns: Eagle3Fns, shape: TreeShape) -> TreeDrafter:
 
   def propose(params, cache, window_BxW, window_pos_BxW, committed_B, rng, sampling, capacity,
               features_BxWxF):
-    keys = jax.random.split(rng, shape.depth)
+    keys = split_keys(rng, shape.depth)
     root_logits, root_hidden_BxD, cache = pairs(params, window_BxW, window_pos_BxW,
                                                 features_BxWxF, cache, capacity)
     carry_root = jnp.broadcast_to(root_hidden_BxD[:, None], (root_hidden_BxD.shape[0],
