@@ -1,0 +1,119 @@
+"""KV-cache capacity and rollback, proven with poison.
+
+Before every target and drafter call, every cache slot from the call's first written slot on is
+overwritten with poison (NaN keys, 1e6 values): a slot that is visible to a query without having
+been written by that same call, i.e. an entry past a row's committed length, a stale entry a
+rollback left behind, or an unused slot, would turn the output into NaN or change it. Outputs
+must equal the clean run bit for bit. A second check records every slot written and proves none
+lands at or past the cache capacity, with the capacity exactly what the request needs.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from asd_jax.asd_config import ASDConfig
+from asd_jax.draft_tree import TreeShape, lm_tree_drafter
+from asd_jax.drafter_api import lm_chain_drafter
+from asd_jax.plain_decode import plain_decode
+from asd_jax.spec_decode import asd_decode, required_capacity
+from asd_jax.tree_decode import asd_tree_decode
+from models.kv_cache import KVCache
+from models.lm_fns import decoder_fns
+from tests.tiny_models import perturbed_copy, random_decoder, random_prompts
+
+V = 61
+_TARGET = random_decoder(seed=41, vocab=V, num_layers=1, hidden=32)
+_TFNS, _TPARAMS = decoder_fns(_TARGET)
+_DPARAMS = decoder_fns(perturbed_copy(_TARGET, 0.4, seed=5))[1]
+PROMPT, LENGTHS = random_prompts(np.random.RandomState(8), 3, 9, V)
+
+
+def _poison_from(cache: KVCache, start_B) -> KVCache:
+  def poison(buf, value):
+    later = jnp.arange(buf.shape[2])[None, None, :, None] >= start_B[:, None, None, None]
+    return jnp.where(later, jnp.asarray(value, buf.dtype), buf)
+
+  return KVCache(k=tuple(poison(k, jnp.nan) for k in cache.k),
+                 v=tuple(poison(v, 1e6) for v in cache.v))
+
+
+def poisoning(fns, margin: int = 0):
+  """`fns` whose cache is poisoned from each call's first written slot (minus margin) on."""
+
+  def forward(params, tokens, positions, cache):
+    return fns.forward(params, tokens, positions,
+                       _poison_from(cache, positions.min(axis=1) - margin))
+
+  def tree_forward(params, tokens, positions, slots, visible, cache):
+    return fns.tree_forward(params, tokens, positions, slots, visible,
+                            _poison_from(cache, slots.min(axis=1)))
+
+  def init_cache(batch, capacity):
+    return _poison_from(fns.init_cache(batch, capacity), jnp.zeros((batch,), jnp.int32))
+
+  return dataclasses.replace(fns, forward=forward, tree_forward=tree_forward,
+                             init_cache=init_cache, name="poisoned")
+
+
+_POISONED = poisoning(_TFNS)
+
+
+def test_plain_decode_never_reads_unwritten_slots():
+  clean = plain_decode(_TFNS, _TPARAMS, PROMPT, LENGTHS, max_new_tokens=12)
+  dirty = plain_decode(_POISONED, _TPARAMS, PROMPT, LENGTHS, max_new_tokens=12)
+  assert not np.asarray(dirty.nonfinite_B).any()
+  np.testing.assert_array_equal(np.asarray(dirty.tokens_BxN), np.asarray(clean.tokens_BxN))
+  # Power: poisoning one committed slot more is seen (the row stops on NaN logits).
+  broken = plain_decode(poisoning(_TFNS, margin=1), _TPARAMS, PROMPT, LENGTHS,
+                        max_new_tokens=12)
+  assert np.asarray(broken.nonfinite_B).all()
+
+
+@pytest.mark.parametrize("rule", ["strict", "asd"])
+def test_chain_rollback_leaves_nothing_stale_visible(rule):
+  kw = dict(max_new_tokens=14, rule=rule, asd_config=ASDConfig(4.0, 0.5, 2))
+  clean = asd_decode(_TFNS, _TPARAMS, lm_chain_drafter(_TFNS, 3), _DPARAMS, PROMPT, LENGTHS, **kw)
+  dirty = asd_decode(_POISONED, _TPARAMS, lm_chain_drafter(_POISONED, 3), _DPARAMS, PROMPT,
+                     LENGTHS, **kw)
+  accepted = np.asarray(clean.stats.accepted_B)
+  rounds = np.asarray(clean.stats.rounds_B)
+  assert (accepted < 3 * rounds).any(), "no rejection: the test would not exercise rollback"
+  assert not np.asarray(dirty.nonfinite_B).any()
+  np.testing.assert_array_equal(np.asarray(dirty.tokens_BxN), np.asarray(clean.tokens_BxN))
+
+
+def test_tree_compaction_leaves_nothing_stale_visible():
+  kw = dict(max_new_tokens=12)
+  shape = TreeShape(3, 2, 6)
+  clean = asd_tree_decode(_TFNS, _TPARAMS, lm_tree_drafter(_TFNS, shape), _DPARAMS, PROMPT,
+                          LENGTHS, **kw)
+  dirty = asd_tree_decode(_POISONED, _TPARAMS, lm_tree_drafter(_POISONED, shape), _DPARAMS,
+                          PROMPT, LENGTHS, **kw)
+  assert not np.asarray(dirty.nonfinite_B).any()
+  np.testing.assert_array_equal(np.asarray(dirty.tokens_BxN), np.asarray(clean.tokens_BxN))
+
+
+def test_no_write_lands_past_capacity():
+  """With capacity == what the request needs, the highest slot written is below it."""
+  written = []
+
+  def forward(params, tokens, positions, cache):
+    jax.debug.callback(lambda m: written.append(int(m)), positions.max())
+    return _TFNS.forward(params, tokens, positions, cache)
+
+  fns = dataclasses.replace(_TFNS, forward=forward, name="recording")
+  k, new = 3, 14
+  capacity = required_capacity(PROMPT.shape[1], new, k)
+  out = asd_decode(fns, _TPARAMS, lm_chain_drafter(_TFNS, k), _DPARAMS, PROMPT, LENGTHS,
+                   max_new_tokens=new, capacity=capacity)
+  ref = asd_decode(_TFNS, _TPARAMS, lm_chain_drafter(_TFNS, k), _DPARAMS, PROMPT, LENGTHS,
+                   max_new_tokens=new, capacity=capacity + 64)
+  np.testing.assert_array_equal(np.asarray(out.tokens_BxN), np.asarray(ref.tokens_BxN))
+  assert written and max(written) < capacity
+  with pytest.raises(ValueError, match="cache slots"):
+    asd_decode(fns, _TPARAMS, lm_chain_drafter(_TFNS, k), _DPARAMS, PROMPT, LENGTHS,
+               max_new_tokens=new, capacity=capacity - 1)
