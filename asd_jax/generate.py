@@ -72,6 +72,15 @@ def main(argv=None):
     raise ValueError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
   if args.prompt is not None and not args.prompt.strip():
     raise ValueError("empty prompt: --prompt is blank")
+  # Every flag is checked before the (slow) model load, so a typo fails in milliseconds.
+  ids = parse_prompt_ids(args.prompt_ids) if args.prompt is None else None
+  if args.draft is None and args.rule is not None:
+    raise ValueError(f"--rule {args.rule} needs a drafter: pass --draft")
+  if args.k <= 0:
+    raise ValueError(f"--k must be a positive integer, got {args.k}")
+  asd_config = ASDConfig(budget=args.budget, gate=args.gate,
+                         max_exceptions=args.max_exceptions, normalize_q=args.normalize_q)
+  tree = TreeShape.parse(args.tree) if args.tree else None
   enable_compilation_cache()
 
   from models.load import load_decoder
@@ -82,15 +91,11 @@ def main(argv=None):
   loaded = load_decoder(args.target, dtype=args.dtype)
   tokenizer = load_tokenizer(args.target)
   load_s = time.perf_counter() - t0
-  if args.prompt is not None:
+  if ids is None:
     ids = encode_chat(tokenizer, args.prompt)
-  else:
-    ids = parse_prompt_ids(args.prompt_ids)
   eos = () if args.ignore_eos else eos_token_ids(tokenizer, loaded.hf_config)
   fns, params = decoder_fns(loaded.model, name=args.target)
   prompt, lengths = right_pad([ids])
-  if args.draft is None and args.rule is not None:
-    raise ValueError(f"--rule {args.rule} needs a drafter: pass --draft")
 
   if args.draft is None:
     t0 = time.perf_counter()
@@ -101,12 +106,7 @@ def main(argv=None):
     stats = {"mode": "plain", "target_forwards": int(result.target_forwards_B[0]), "tau": 1.0}
   else:
     rule = args.rule or "strict"
-    asd_config = ASDConfig(budget=args.budget, gate=args.gate,
-                           max_exceptions=args.max_exceptions, normalize_q=args.normalize_q)
-    if args.k <= 0:
-      raise ValueError(f"--k must be a positive integer, got {args.k}")
     from models.drafter_setup import setup_drafter
-    tree = TreeShape.parse(args.tree) if args.tree else None
     setup = setup_drafter(args.draft, loaded, k=args.k, tree=tree, kind=args.drafter,
                           dtype=args.dtype, target_name=args.target)
     decode = asd_tree_decode if setup.engine == "tree" else asd_decode

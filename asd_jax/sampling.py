@@ -6,14 +6,13 @@ Shape notation: B rows, V vocab.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
 
 from asd_jax.greedy_verify import first_argmax
 from asd_jax.sampling_keys import categorical_rows
-from asd_jax.spec_sampling import apply_sampling_filters
+from asd_jax.spec_sampling import apply_sampling_filters, check_filters
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,12 +24,12 @@ class SamplingConfig:
   top_p: float = 1.0  # 1.0 = off
 
   def __post_init__(self):
-    if not math.isfinite(self.temperature) or self.temperature < 0:
-      raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
-    if int(self.top_k) != self.top_k or self.top_k < 0:
-      raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k}")
-    if not (0.0 < self.top_p <= 1.0):
-      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+    # The one check shared with the sampling rules: non-numbers, NaN and out-of-range values
+    # are refused with a message naming the field.
+    temperature, top_k, top_p = check_filters(self.temperature, self.top_k, self.top_p)
+    object.__setattr__(self, "temperature", temperature)
+    object.__setattr__(self, "top_k", top_k)
+    object.__setattr__(self, "top_p", top_p)
 
   @property
   def greedy(self) -> bool:

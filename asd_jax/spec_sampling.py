@@ -45,7 +45,8 @@ from asd_jax.sampling_keys import is_row_keys
 from asd_jax.verify_output import NONFINITE_TOKEN, TreeVerifyOutput, VerifyOutput
 
 
-def _check_filters(temperature, top_k, top_p):
+def check_filters(temperature, top_k, top_p):
+  """Validates sampling settings; returns them as (float, int, float). Raises ValueError."""
   if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not (
       math.isfinite(temperature) and temperature >= 0):
     raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
@@ -106,7 +107,7 @@ def apply_sampling_filters(logits, temperature: float = 1.0, top_k: int = 0,
   off. Ties at the top-k or top-p boundary are all kept, so the support can exceed k.
   The settings are static Python numbers (they change the program); usable inside jit.
   """
-  temperature, top_k, top_p = _check_filters(temperature, top_k, top_p)
+  temperature, top_k, top_p = check_filters(temperature, top_k, top_p)
   return _filtered_probs(jnp.asarray(logits), temperature, top_k, top_p)
 
 
@@ -252,7 +253,7 @@ def speculative_sample(draft_tokens, draft_logits, target_logits, key, *,
     tokens that differ from the target argmax; nonfinite flags rows whose target or draft
     logits are not finite.
   """
-  temperature, top_k, top_p = _check_filters(temperature, top_k, top_p)
+  temperature, top_k, top_p = check_filters(temperature, top_k, top_p)
   draft, z, vocab = checks.block(draft_tokens, target_logits)
   b, k = draft.shape
   zq = checks.logits(draft_logits, "draft_logits", (b, k, vocab))
@@ -279,7 +280,7 @@ def tree_speculative_sample(tree_tokens, parents, draft_logits, target_logits, k
     target would sample them. A chain given as a tree gives the same result as
     `speculative_sample` with the same key.
   """
-  temperature, top_k, top_p = _check_filters(temperature, top_k, top_p)
+  temperature, top_k, top_p = check_filters(temperature, top_k, top_p)
   toks, par, z, vocab, depth = checks.tree(tree_tokens, parents, target_logits, max_depth,
                                            check_values)
   b, n = toks.shape

@@ -92,6 +92,8 @@ def export_eagle3(path: str | os.PathLike, drafter: Eagle3Drafter, dtype: str = 
 
   Without the embedding both engines share the target's, as this repo does.
   """
+  if not isinstance(drafter, Eagle3Drafter):
+    raise TypeError(f"export_eagle3 needs an EAGLE-3 drafter, got {type(drafter).__name__}")
   _check_dtype(dtype)
   hf, tensors = _eagle3_folder(drafter, dtype, include_embedding)
   return _write_folder(path, hf, tensors, None)

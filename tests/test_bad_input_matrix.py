@@ -1,0 +1,303 @@
+"""One table of bad inputs over the whole public surface: every entry must fail before running,
+with the stated exception type and a message that names the problem.
+
+Complements the per-module tables (test_verify_inputs, test_decoder_properties,
+test_generate_cli, test_bench_cli, test_train_tiny, test_loaders): this one walks the categories
+of issue #9 (empty, too long, out of range, K <= 0, bad budget/gate, bad temperature/top-p,
+mismatched vocabularies, bad tree shapes, unknown names, corrupt files) across every entry
+point that takes them. CLI entries assert exit code 2 and one `error:` line on stderr.
+"""
+
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from asd_jax import (ASDConfig, SamplingConfig, apply_sampling_filters, asd_decode, asd_verify,
+                     greedy_verify, speculative_sample, tree_asd_verify, tree_greedy_verify)
+from asd_jax.draft_tree import TreeShape, lm_tree_drafter
+from asd_jax.drafter_api import lm_chain_drafter
+from asd_jax.plain_decode import plain_decode
+from asd_jax.tree_decode import asd_tree_decode
+from models.errors import CheckpointError, UnknownModelError
+from tests.fake_lm import fake_lm
+
+V = 32
+T = fake_lm(V)
+D = lm_chain_drafter(fake_lm(V), 2)
+D_OTHER_VOCAB = lm_chain_drafter(fake_lm(V + 1), 2)
+P = np.array([[1, 2, 3]], np.int32)
+N = np.array([3], np.int32)
+DRAFT = np.zeros((1, 2), np.int32)
+LOGITS = np.zeros((1, 3, V), np.float32)
+SPENT = np.zeros(1, np.float32)
+PAPER = ASDConfig(8.0, 0.25, 2)
+
+
+def decode(**kw):
+  args = dict(target=T, target_params=None, drafter=D, drafter_params=None, prompt_BxT=P,
+              lengths_B=N, max_new_tokens=4)
+  args.update(kw)
+  return lambda: asd_decode(**args)
+
+
+def tree_decode(target=None, drafter=None, **kw):
+  def run():
+    from models.lm_fns import decoder_fns
+    from tests.tiny_models import random_decoder
+    fns, params = decoder_fns(random_decoder(seed=0, vocab=V, num_layers=1, hidden=16))
+    tgt = fns if target is None else target
+    drf = lm_tree_drafter(fns, TreeShape(2, 2, 3)) if drafter is None else drafter
+    return asd_tree_decode(tgt, params, drf, params, kw.pop("prompt", P), kw.pop("lengths", N),
+                           max_new_tokens=4, **kw)
+  return run
+
+
+API = [
+    # --- empty / too long / out of range -------------------------------------------------
+    ("decode: empty prompt", decode(lengths_B=np.array([0])), ValueError, "empty prompt"),
+    ("decode: empty batch", decode(prompt_BxT=np.zeros((0, 3), np.int32),
+                                   lengths_B=np.zeros(0, np.int32)), ValueError, "empty batch"),
+    ("decode: prompt too long", decode(capacity=8), ValueError, "cache slots"),
+    ("decode: length > width", decode(lengths_B=np.array([4])), ValueError, "exceed"),
+    ("decode: id >= V", decode(prompt_BxT=np.array([[1, V, 3]])), ValueError,
+     "outside the vocabulary"),
+    ("decode: id < 0", decode(prompt_BxT=np.array([[1, -1, 3]])), ValueError,
+     "outside the vocabulary"),
+    ("decode: float ids", decode(prompt_BxT=P.astype(np.float32)), TypeError, "integers"),
+    ("decode: max_new_tokens 0", decode(max_new_tokens=0), ValueError, "max_new_tokens"),
+    ("decode: max_new_B > max", decode(max_new_B=np.array([9])), ValueError, "max_new_B"),
+    ("decode: eos id >= V", decode(eos_ids=(V,)), ValueError, "eos id"),
+    ("decode: seed per row, wrong count", decode(seed=np.array([1, 2])), ValueError,
+     "one per request"),
+    ("plain: empty prompt", lambda: plain_decode(T, None, P, np.array([0]), max_new_tokens=2),
+     ValueError, "empty prompt"),
+    ("plain: prompt too long", lambda: plain_decode(T, None, P, N, max_new_tokens=4,
+                                                    capacity=4), ValueError, "cache slots"),
+    ("verify: id >= V", lambda: greedy_verify(np.full((1, 2), V), LOGITS), ValueError,
+     "outside the vocabulary"),
+    ("asd_verify: id < 0", lambda: asd_verify(np.full((1, 2), -3), LOGITS, SPENT, PAPER),
+     ValueError, "outside the vocabulary"),
+    # --- K <= 0 -----------------------------------------------------------------------------
+    ("drafter: K=0", lambda: lm_chain_drafter(T, 0), ValueError, "K (draft block length)"),
+    ("drafter: K<0", lambda: lm_chain_drafter(T, -2), ValueError, "K (draft block length)"),
+    ("verify: K=0", lambda: asd_verify(np.zeros((1, 0), np.int32), LOGITS[:, :1], SPENT, PAPER),
+     ValueError, "K=0"),
+    # --- budget / gate ----------------------------------------------------------------------
+    ("ASDConfig: budget<0", lambda: ASDConfig(-1.0, 0.25, 2), ValueError, "budget"),
+    ("ASDConfig: budget nan", lambda: ASDConfig(math.nan, 0.25, 2), ValueError, "budget"),
+    ("ASDConfig: budget inf", lambda: ASDConfig(math.inf, 0.25, 2), ValueError, "budget"),
+    ("ASDConfig: gate<0", lambda: ASDConfig(8.0, -0.5, 2), ValueError, "gate"),
+    ("ASDConfig: gate nan", lambda: ASDConfig(8.0, math.nan, 2), ValueError, "gate"),
+    ("ASDConfig: M<0", lambda: ASDConfig(8.0, 0.25, -1), ValueError, "max_exceptions"),
+    ("asd_verify: ledger<0", lambda: asd_verify(DRAFT, LOGITS, -SPENT - 1, PAPER), ValueError,
+     ">= 0"),
+    ("asd_verify: ledger nan", lambda: asd_verify(DRAFT, LOGITS, SPENT + np.nan, PAPER),
+     ValueError, "non-finite"),
+    ("decode: asd_config not ASDConfig", decode(rule="asd", asd_config={"budget": 1}),
+     TypeError, "ASDConfig"),
+    # --- temperature / top-k / top-p ----------------------------------------------------------
+    ("SamplingConfig: temperature<0", lambda: SamplingConfig(temperature=-0.5), ValueError,
+     "temperature"),
+    ("SamplingConfig: temperature nan", lambda: SamplingConfig(temperature=math.nan),
+     ValueError, "temperature"),
+    ("SamplingConfig: top_p 0", lambda: SamplingConfig(top_p=0.0), ValueError, "top_p"),
+    ("SamplingConfig: top_p>1", lambda: SamplingConfig(top_p=1.01), ValueError, "top_p"),
+    ("SamplingConfig: top_p nan", lambda: SamplingConfig(top_p=math.nan), ValueError, "top_p"),
+    ("SamplingConfig: top_k<0", lambda: SamplingConfig(top_k=-1), ValueError, "top_k"),
+    ("SamplingConfig: top_k 1.5", lambda: SamplingConfig(top_k=1.5), ValueError, "top_k"),
+    ("SamplingConfig: top_p str", lambda: SamplingConfig(top_p="0.9"), ValueError, "top_p"),
+    ("filters: temperature<0", lambda: apply_sampling_filters(LOGITS, temperature=-1.0),
+     ValueError, "temperature"),
+    ("filters: top_p 0", lambda: apply_sampling_filters(LOGITS, top_p=0.0), ValueError, "top_p"),
+    ("filters: top_p>1", lambda: apply_sampling_filters(LOGITS, top_p=2.0), ValueError, "top_p"),
+    ("spec sample: top_p nan", lambda: speculative_sample(
+        DRAFT, LOGITS[:, :2], LOGITS, jax.random.key(0), top_p=math.nan), ValueError, "top_p"),
+    ("decode: greedy rule with temperature", decode(sampling=SamplingConfig(temperature=1.0)),
+     ValueError, "rule='sample'"),
+    # --- mismatched vocabularies ----------------------------------------------------------------
+    ("decode: drafter vocab != target vocab", decode(drafter=D_OTHER_VOCAB), ValueError,
+     "drafter vocabulary"),
+    ("spec sample: draft logits vocab", lambda: speculative_sample(
+        DRAFT, np.zeros((1, 2, V + 1), np.float32), LOGITS, jax.random.key(0)), ValueError,
+     "draft_logits"),
+    ("tree decode: id >= V", tree_decode(prompt=np.array([[1, V + 5]]), lengths=np.array([2])),
+     ValueError, "outside the vocabulary"),
+    # --- tree shapes ---------------------------------------------------------------------------
+    ("TreeShape: nodes > pool", lambda: TreeShape(2, 2, 7), ValueError, "exceeds"),
+    ("TreeShape: depth 0", lambda: TreeShape(0, 2, 2), ValueError, "depth"),
+    ("TreeShape: parse", lambda: TreeShape.parse("3,2"), ValueError, "DEPTH,TOPK,NODES"),
+    ("tree verify: parents shape", lambda: tree_greedy_verify(
+        np.zeros((1, 3), np.int32), np.array([[-1, 0]]), np.zeros((1, 4, V), np.float32)),
+     ValueError, "parents must have shape"),
+    ("tree verify: not topological", lambda: tree_asd_verify(
+        np.zeros((1, 3), np.int32), np.array([[-1, 2, 0]]), np.zeros((1, 4, V), np.float32),
+        SPENT, PAPER), ValueError, "topological"),
+    ("tree verify: logits rows", lambda: tree_greedy_verify(
+        np.zeros((1, 3), np.int32), np.array([[-1, 0, 0]]), np.zeros((1, 3, V), np.float32)),
+     ValueError, "target_logits"),
+    ("tree decode: chain drafter", tree_decode(drafter=D), TypeError, "TreeDrafter"),
+    ("tree decode: target without tree_forward", tree_decode(target=T), ValueError,
+     "tree_forward"),
+    ("tree drafter: model without tree_forward", lambda: lm_tree_drafter(T, TreeShape(2, 2, 3)),
+     ValueError, "tree_forward"),
+    # --- unknown names --------------------------------------------------------------------------
+    ("decode: unknown rule", decode(rule="greedyish"), ValueError, "unknown rule"),
+    ("decode: not a drafter", decode(drafter=object()), TypeError, "ChainDrafter"),
+]
+
+
+@pytest.mark.parametrize("name, call, error, match", API, ids=[row[0] for row in API])
+def test_api_refuses_bad_input(name, call, error, match):
+  with pytest.raises(error) as e:
+    call()
+  assert match in str(e.value), f"{name}: {e.value}"
+  assert "\n" not in str(e.value).strip()
+
+
+# --- files: unknown names and corrupt weights (loaders, drafter checkpoints, exporters) ----------
+
+def _write(path, data: bytes):
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_bytes(data)
+  return path
+
+
+def _loader_cases(tmp):
+  from models.drafter_checkpoint import export_eagle3, import_eagle3, load_drafter, save_drafter
+  from models.drafter_folder import load_standalone_drafter, resolve_drafter
+  from models.gguf_file import load_gguf
+  from models.hf_folder import load_hf_folder
+  from models.registry import load_checkpoint
+
+  bad_json = tmp / "bad_json"
+  _write(bad_json / "config.json", b"{not json")
+  garbage_st = tmp / "garbage_st"
+  _write(garbage_st / "config.json", b'{"architectures": ["LlamaForCausalLM"]}')
+  _write(garbage_st / "model.safetensors", b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":")
+  no_weights = tmp / "no_weights"
+  _write(no_weights / "config.json", b"{}")
+  garbage_gguf = _write(tmp / "x.gguf", b"GGUF" + b"\x00" * 7)
+  not_gguf = _write(tmp / "weights.bin", b"\x00" * 16)
+  drafter_garbage = tmp / "drafter_garbage"
+  _write(drafter_garbage / "config.json", b'{"asd_jax_drafter": "eagle3"}')
+  _write(drafter_garbage / "model.safetensors", b"\xff" * 12)
+  return [
+      ("registry: unknown name", lambda: load_checkpoint("no-such-model"), UnknownModelError,
+       "unknown model 'no-such-model'"),
+      ("registry: not a gguf file", lambda: load_checkpoint(not_gguf), CheckpointError,
+       "not a .gguf"),
+      ("hf folder: missing", lambda: load_hf_folder(tmp / "missing"), CheckpointError,
+       "does not exist"),
+      ("hf folder: config not JSON", lambda: load_hf_folder(bad_json), CheckpointError,
+       "not valid JSON"),
+      ("hf folder: no weights", lambda: load_hf_folder(no_weights), CheckpointError,
+       "no weights"),
+      ("hf folder: corrupt safetensors", lambda: load_hf_folder(garbage_st), CheckpointError,
+       "corrupt or truncated"),
+      ("gguf: missing", lambda: load_gguf(tmp / "missing.gguf"), CheckpointError,
+       "does not exist"),
+      ("gguf: corrupt", lambda: load_gguf(garbage_gguf), CheckpointError,
+       "corrupt or truncated"),
+      ("drafter: unknown name", lambda: resolve_drafter("no-such-drafter"), UnknownModelError,
+       "unknown drafter"),
+      ("drafter: folder missing", lambda: load_drafter(tmp / "nope", None), CheckpointError,
+       "nope"),
+      ("drafter: corrupt weights", lambda: load_drafter(drafter_garbage, None),
+       CheckpointError, "drafter_garbage"),
+      ("drafter: import_eagle3 of garbage", lambda: import_eagle3(drafter_garbage, None),
+       CheckpointError, "drafter_garbage"),
+      ("drafter: standalone missing", lambda: load_standalone_drafter(tmp / "nope2"),
+       UnknownModelError, "nope2"),
+      ("save_drafter: not a drafter", lambda: save_drafter(tmp / "out", object()), TypeError,
+       "not a drafter"),
+      ("export_eagle3: not EAGLE-3", lambda: export_eagle3(tmp / "out2", object()), TypeError,
+       "EAGLE-3"),
+  ]
+
+
+_LOADER_IDS = ["registry: unknown name", "registry: not a gguf file", "hf folder: missing",
+               "hf folder: config not JSON", "hf folder: no weights",
+               "hf folder: corrupt safetensors", "gguf: missing", "gguf: corrupt",
+               "drafter: unknown name", "drafter: folder missing", "drafter: corrupt weights",
+               "drafter: import_eagle3 of garbage", "drafter: standalone missing",
+               "save_drafter: not a drafter", "export_eagle3: not EAGLE-3"]
+
+
+@pytest.mark.parametrize("name", _LOADER_IDS)
+def test_loaders_and_exporters_refuse_bad_files(name, tmp_path):
+  cases = {row[0]: row for row in _loader_cases(tmp_path)}
+  _, call, error, match = cases[name]
+  with pytest.raises(error) as e:
+    call()
+  assert match in str(e.value), f"{name}: {e.value}"
+
+
+# --- command lines ---------------------------------------------------------------------------
+
+GENERATE = [
+    (["--prompt", "hi", "--draft", "self", "--k", "0"], "--k must be a positive integer"),
+    (["--prompt", "hi", "--draft", "self", "--budget", "-1"], "ASDConfig.budget must be >= 0"),
+    (["--prompt", "hi", "--draft", "self", "--budget", "nan"], "ASDConfig.budget must be finite"),
+    (["--prompt", "hi", "--draft", "self", "--gate", "inf"], "ASDConfig.gate must be finite"),
+    (["--prompt", "hi", "--draft", "self", "--max-exceptions", "-1"], "max_exceptions"),
+    (["--prompt", "hi", "--draft", "self", "--tree", "3,2"], "DEPTH,TOPK,NODES"),
+    (["--prompt", "hi", "--draft", "self", "--tree", "2,2,9"], "exceeds"),
+    (["--prompt", "hi", "--rule", "asd"], "needs a drafter"),
+    (["--prompt", "hi", "--temperature", "nan"], "temperature"),
+    (["--prompt", "hi", "--top-p", "1.5"], "top_p"),
+    (["--prompt", "hi", "--top-k", "-3"], "top_k"),
+    (["--prompt-ids", "1,,x"], "comma-separated integers"),
+]
+
+
+@pytest.mark.parametrize("argv, message", GENERATE, ids=[" ".join(a) for a, _ in GENERATE])
+def test_generate_cli_fails_fast_with_one_line(argv, message, capsys, monkeypatch):
+  import models.load
+  from asd_jax.generate import main
+
+  def no_load(*args, **kwargs):
+    raise AssertionError("the model was loaded before the flags were checked")
+
+  monkeypatch.setattr(models.load, "load_decoder", no_load)
+  with pytest.raises(SystemExit) as e:
+    main(argv)
+  err = capsys.readouterr().err.strip()
+  assert e.value.code == 2, err
+  assert err.startswith("error: ") and message in err and "\n" not in err
+
+
+BENCH = [
+    (["--mode", "spec", "--k", "0"], "--k must be positive"),
+    (["--mode", "spec", "--tree", "2,2"], "DEPTH,TOPK,NODES"),
+    (["--target", "no-such-model", "--num-prompts", "1"], "unknown model 'no-such-model'"),
+]
+
+
+@pytest.mark.parametrize("argv, message", BENCH, ids=[" ".join(a) for a, _ in BENCH])
+def test_bench_cli_one_line_errors(argv, message, capsys, tmp_path, monkeypatch):
+  from asd_jax import bench
+  monkeypatch.setenv("ASD_JAX_CACHE_DIR", str(tmp_path / "cache"))
+  with pytest.raises(SystemExit) as e:
+    bench.main(argv + ["--skip-transformers"])
+  err = capsys.readouterr().err
+  assert e.value.code == 2, err
+  assert err.startswith("error: ") and message in err
+
+
+TRAIN = [
+    (["--config=tiny", "--mesh=0x1"], "mesh"),
+    (["--config=tiny", "--set", "steps"], "override"),
+    (["--config=tiny", "--set", "no_such_field=1"], "no_such_field"),
+    (["--config=tiny_nope"], "unknown training preset 'tiny_nope'"),
+]
+
+
+@pytest.mark.parametrize("argv, message", TRAIN, ids=[" ".join(a) for a, _ in TRAIN])
+def test_train_cli_one_line_errors(argv, message, capsys, tmp_path):
+  from vsd_jax.train import main
+  code = main(argv + ["--workdir", str(tmp_path / "w"), "--no-progress"])
+  err = capsys.readouterr().err
+  assert code == 2, err
+  assert message in err
