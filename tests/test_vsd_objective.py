@@ -244,3 +244,23 @@ def test_vsd_refuses_non_eagle3_drafters():
   cfg = get_preset("tiny_medusa")
   with pytest.raises(ValueError, match="trains EAGLE-3 drafters"):
     make_vsd_objective(cfg, None, np.ones(64))
+
+
+def test_eval_only_restores_and_reports_diagnostics(tiny, capsys):
+  import json
+  from vsd_jax.train import main
+  trainer, _ = tiny
+  trainer.checkpointer.wait()
+  overrides = [f"{f.name}={getattr(trainer.cfg, f.name)}" for f in dataclasses.fields(
+      trainer.cfg) if f.name.startswith("vsd_") or f.name in ("data_dir", "ttt_steps")]
+  argv = ["--config=tiny", f"--workdir={trainer.workdir}", "--objective=vsd", "--eval-only"]
+  for o in overrides:
+    argv += ["--set", o.replace("True", "on").replace("False", "off")]
+  assert main(argv) == 0
+  out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert out["step"] == 12 and out["objective"] == "vsd"
+  assert set(out["diagnostics"]) >= {"greedy_pruned_rate", "accepted_is_greedy_rate"}
+  empty = trainer.workdir.parent / "empty-workdir"
+  assert main(["--config=tiny", f"--workdir={empty}", "--eval-only", "--set",
+               f"data_dir={trainer.cfg.data_dir}"]) == 2
+  assert "no checkpoint to evaluate" in capsys.readouterr().err

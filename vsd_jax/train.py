@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--steps", type=int, default=None,
                  help="stop after this many total steps (the schedule still uses the preset's)")
   p.add_argument("--export", default="", help="write the trained drafter folder here")
+  p.add_argument("--eval-only", action="store_true",
+                 help="restore the newest checkpoint in --workdir, run the held-out evaluation "
+                      "(loss, simulated tau, tree diagnostics), print it as JSON and exit")
   p.add_argument("--no-progress", action="store_true", help="no progress bar")
   p.add_argument("--sync-checkpoints", action="store_true", help="save checkpoints synchronously")
   p.add_argument("--distributed", action="store_true",
@@ -69,6 +72,12 @@ def main(argv=None) -> int:
     trainer = Trainer(cfg, mesh, args.workdir, objective=args.objective, log=log,
                       progress=not args.no_progress,
                       async_checkpoints=not args.sync_checkpoints)
+    if args.eval_only:
+      result = trainer.evaluate_latest()
+      trainer.close()
+      if jax.process_index() == 0:
+        print(json.dumps(result))
+      return 0
     log(f"preset {cfg.name}: {cfg.drafter} drafter, target {trainer.target.source}, mesh "
         f"{dict(mesh.shape)}, batch {cfg.batch_size} x {cfg.seq_len}, {cfg.steps} steps")
     summary = trainer.run(args.steps)

@@ -183,6 +183,15 @@ class Trainer:
       out["diagnostics"] = diagnostic_rates(diag)
     return out
 
+  def evaluate_latest(self) -> dict[str, Any]:
+    """`evaluate` on the newest checkpoint in the workdir (which must have one)."""
+    step = self.checkpointer.latest_step()
+    if step is None:
+      raise ValueError(f"no checkpoint to evaluate in {self.checkpointer.directory}")
+    state, _ = self.restore_or_init()
+    return {"step": int(state.step), "objective": self.objective.name,
+            **self.evaluate(state.params)}
+
   # --- the loop ------------------------------------------------------------------------------
 
   def restore_or_init(self) -> tuple[TrainState, DataPosition]:
