@@ -26,6 +26,10 @@ class CheckpointMismatchError(ValueError):
   """A checkpoint made for a different drafter or target shape."""
 
 
+class CheckpointCorruptError(ValueError):
+  """A checkpoint folder that cannot be read back (truncated, corrupted, files missing)."""
+
+
 def param_shapes(tree) -> dict[str, list[int]]:
   flat = jax.tree_util.tree_flatten_with_path(tree)[0]
   return {jax.tree_util.keystr(path): [int(d) for d in np.shape(x)] for path, x in flat}
@@ -49,12 +53,21 @@ class Checkpointer:
         meta=ocp.args.JsonSave(meta)))
 
   def restore(self, step: int, abstract_state, meta: dict) -> tuple[Any, dict]:
-    """Restores the state onto `abstract_state`'s shardings after checking `meta` agrees."""
-    saved_meta = self.manager.restore(step, args=ocp.args.Composite(
-        meta=ocp.args.JsonRestore()))["meta"]
-    check_compatible(saved_meta, meta, self.directory / str(step))
-    out = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+    """Restores the state onto `abstract_state`'s shardings after checking `meta` agrees.
+
+    Raises CheckpointCorruptError naming the folder when it cannot be read back (orbax only
+    finalizes whole checkpoints, so this means damage after the save, not a killed run).
+    """
+    where = self.directory / str(step)
+    with _readable(where):
+      saved_meta = self.manager.restore(step, args=ocp.args.Composite(
+          meta=ocp.args.JsonRestore()))["meta"]
+    if not isinstance(saved_meta, dict):
+      raise CheckpointCorruptError(f"checkpoint {where} is corrupt: meta is not a JSON object")
+    check_compatible(saved_meta, meta, where)
+    with _readable(where):
+      out = self.manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
     return out["state"], out["data"]
 
   def wait(self):
@@ -63,6 +76,25 @@ class Checkpointer:
   def close(self):
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+class _readable:
+  """Turns any failure to read checkpoint `where` into one CheckpointCorruptError line."""
+
+  def __init__(self, where: Path):
+    self.where = where
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, kind, error, tb):
+    if error is None or not isinstance(error, Exception) or isinstance(
+        error, CheckpointMismatchError):
+      return False
+    detail = (str(error).strip().splitlines() or [""])[0][:200]
+    raise CheckpointCorruptError(
+        f"checkpoint {self.where} is corrupt or truncated ({type(error).__name__}: {detail}); "
+        f"delete that folder to resume from an earlier checkpoint") from error
 
 
 def check_compatible(saved: dict, current: dict, where) -> None:
