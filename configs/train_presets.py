@@ -41,6 +41,7 @@ class TrainConfig:
   vsd_depth: int = 7  # d
   vsd_top_k: int = 8  # tree expansion per frontier node
   vsd_proposal: str = "tree"  # tree | iid (temperature-1 samples)
+  vsd_oracle: str = "data"  # data: the target-regenerated greedy text | target: a tree forward
   vsd_positions: int = 4  # context positions sampled per sequence per step
   vsd_eta: float = 1.0  # path weights softmax(eta * utility)
   vsd_arw: bool = True  # adaptive rejection weighting (control variate on the weights)
@@ -92,6 +93,8 @@ class TrainConfig:
         raise ValueError(f"{f} must be positive, got {getattr(self, f)}")
     if self.vsd_proposal not in ("tree", "iid"):
       raise ValueError(f"vsd_proposal must be tree or iid, got {self.vsd_proposal!r}")
+    if self.vsd_oracle not in ("data", "target"):
+      raise ValueError(f"vsd_oracle must be data or target, got {self.vsd_oracle!r}")
     for f in ("vsd_lambda_div", "vsd_lambda_wl", "vsd_lambda_car", "vsd_eta", "diag_positions"):
       if not getattr(self, f) >= 0:  # also refuses NaN
         raise ValueError(f"{f} must be >= 0, got {getattr(self, f)}")

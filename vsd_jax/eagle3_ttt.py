@@ -80,6 +80,7 @@ class Eagle3Training:
   forward(trainable, frozen, batch, steps, extra_slots=0) -> (logits [K, B, T, Vd], step-0
     out_hidden [B, T, D], drafter cache, target hidden [B, T, 4, D], compute-dtype drafter).
   ttt_loss(logits, target hidden, drafter, frozen, batch) -> (the baseline loss, metrics).
+  target_model(frozen) -> the frozen target Decoder (for forwards beyond the features).
   """
 
   ecfg: Eagle3Config
@@ -92,6 +93,7 @@ class Eagle3Training:
   describe: dict
   eval_steps: int
   layers: tuple[int, ...]
+  target_model: Callable
 
 
 def eagle3_training(cfg, target: Decoder, token_counts_Vt: np.ndarray) -> Eagle3Training:
@@ -157,7 +159,8 @@ def eagle3_training(cfg, target: Decoder, token_counts_Vt: np.ndarray) -> Eagle3
               "ttt_steps": steps}
   return Eagle3Training(ecfg=ecfg, trainable=trainable, frozen=frozen, forward=forward,
                         ttt_loss=ttt_loss, ranks_fn=ranks_fn, export=export, describe=describe,
-                        eval_steps=eval_steps, layers=layers)
+                        eval_steps=eval_steps, layers=layers,
+                        target_model=lambda frozen: nnx.merge(target_graphdef, frozen["target"]))
 
 
 def make_eagle3_objective(cfg, target: Decoder, token_counts_Vt: np.ndarray) -> Objective:

@@ -9,7 +9,8 @@ E-step (no gradient through the choices): P context rows per sequence are sample
 those with a response token at p + 2; from each, the drafter grows S paths of depth d
 (vsd_jax/draft_paths.py; `vsd_proposal` tree or iid). The oracle is the data itself: the
 training data is the target's greedy text, so the target's greedy continuation from p is the
-data's next d tokens and needs no extra target forward. Each path keeps its accepted prefix
+data's next d tokens and needs no extra target forward (`vsd_oracle=data`; for other data,
+`vsd_oracle=target` asks the target about every path prefix: vsd_jax/target_oracle.py). Each path keeps its accepted prefix
 and its first rejected token is replaced by the oracle token (vsd_jax/vsd_paths.py); utility
 U_s = the accepted length; w = softmax_s(eta * U).
 
@@ -33,6 +34,7 @@ from models.llama import Decoder
 from vsd_jax.draft_paths import oracle_tokens, rollout, sample_positions
 from vsd_jax.eagle3_ttt import eagle3_training
 from vsd_jax.objective_api import Objective
+from vsd_jax.target_oracle import target_oracle
 from vsd_jax.vsd_diagnostics import tree_diagnostics_fn
 from vsd_jax.vsd_paths import (arw_weights, car_penalty, corrected_paths, path_weights,
                                rejected_tokens, weighted_path_nll)
@@ -80,8 +82,13 @@ def make_vsd_objective(cfg, target: Decoder, token_counts_Vt: np.ndarray) -> Obj
                     logits0_BxTxVd=logits_KxBxTxVd[0], hidden0_BxTxD=hidden0, rows_BxP=rows,
                     num_paths=cfg.vsd_paths, depth=cfg.vsd_depth, proposal=cfg.vsd_proposal,
                     top_k=cfg.vsd_top_k, key=k_paths)
-    oracle = oracle_tokens(batch["tokens"], batch["loss_mask"], frozen["t2d_index"], rows,
-                           cfg.vsd_depth)
+    if cfg.vsd_oracle == "target":
+      oracle = jax.lax.stop_gradient(target_oracle(
+          e3.target_model(frozen), batch["tokens"], rows, paths.tokens, model.d2t[...],
+          frozen["t2d_index"]))
+    else:
+      oracle = oracle_tokens(batch["tokens"], batch["loss_mask"], frozen["t2d_index"], rows,
+                             cfg.vsd_depth)
     terms = vsd_terms(paths, oracle, pos_valid, cfg)
     n = jnp.maximum(pos_valid.sum(), 1)
     wl = jnp.where(pos_valid, terms["wl"], 0.0).sum() / n
@@ -100,7 +107,7 @@ def make_vsd_objective(cfg, target: Decoder, token_counts_Vt: np.ndarray) -> Obj
 
   describe = {**e3.describe, "objective": "vsd",
               **{k: getattr(cfg, k) for k in ("vsd_paths", "vsd_depth", "vsd_top_k",
-                                               "vsd_proposal", "vsd_positions", "vsd_eta",
+                                               "vsd_proposal", "vsd_oracle", "vsd_positions", "vsd_eta",
                                                "vsd_arw", "vsd_car", "vsd_gamma",
                                                "vsd_lambda_div", "vsd_lambda_wl",
                                                "vsd_lambda_car")}}

@@ -3,7 +3,9 @@
 Shapes: `...` are leading batch axes (rows x sampled context positions), S draft paths per
 position, d depths.
   paths   int32 [..., S, d]  draft ids proposed by the drafter (vsd_jax/draft_paths.py)
-  oracle  int32 [..., d]     the target's greedy continuation as draft ids, with two sentinels:
+  oracle  int32 [..., d]     the target's greedy continuation as draft ids (or [..., S, d]: one
+                             per path, the target's greedy token after each path prefix, from
+                             vsd_jax/target_oracle.py), with two sentinels:
                              UNKNOWN (-1): past the end of the data, nothing to compare with;
                              NOT_DRAFTABLE (-2): a target token outside the draft vocabulary
                              (the drafter cannot propose it, so every path is rejected there).
@@ -12,8 +14,10 @@ Greedy acceptance (T = 0): alpha_j = 1[z_j == oracle_j]; a path's accepted lengt
 number of leading alpha_j = 1, and its corrected path is z_0..z_{l-1} followed by oracle_l (the
 target's corrective token). Because the accepted prefix equals the oracle's, every corrected
 path is the oracle's own prefix of length l + 1: with target-regenerated greedy data the
-E-step needs no target forward at all, and the M-step's log-likelihoods are the drafter's
-scores of data tokens along its own draft states (EAGLE-3's training-time-test states).
+E-step needs no target forward at all (`vsd_oracle=data`), and the M-step's log-likelihoods
+are the drafter's scores of data tokens along its own draft states (EAGLE-3's
+training-time-test states). Other data needs the target's verdict on every path prefix
+(`vsd_oracle=target`, one tree-masked target forward).
 """
 
 from __future__ import annotations
@@ -25,9 +29,16 @@ UNKNOWN = -1
 NOT_DRAFTABLE = -2
 
 
+def per_path(oracle, paths):
+  """The oracle as [..., S, d] (a shared [..., d] oracle is broadcast over the S paths)."""
+  return oracle if oracle.ndim == paths.ndim else jnp.broadcast_to(oracle[..., None, :],
+                                                                    paths.shape)
+
+
 def accepted_length(paths, oracle):
   """int32 [..., S]: leading draft tokens equal to the oracle's (sentinels never match)."""
-  match = (paths == oracle[..., None, :]) & (oracle[..., None, :] >= 0)
+  oracle = per_path(oracle, paths)
+  match = (paths == oracle) & (oracle >= 0)
   return jnp.cumprod(match.astype(jnp.int32), axis=-1).sum(-1)
 
 
@@ -41,7 +52,7 @@ def corrected_paths(paths, oracle):
   """
   length = accepted_length(paths, oracle)
   depth = jnp.arange(paths.shape[-1])
-  tokens = jnp.where(depth < length[..., None], paths, oracle[..., None, :])
+  tokens = jnp.where(depth < length[..., None], paths, per_path(oracle, paths))
   keep = (depth <= length[..., None]) & (tokens >= 0)
   return tokens, keep, length
 
@@ -55,8 +66,7 @@ def rejected_tokens(paths, oracle, length):
   d = paths.shape[-1]
   at = jnp.minimum(length, d - 1)
   token = jnp.take_along_axis(paths, at[..., None], axis=-1)[..., 0]
-  oracle_at = jnp.take_along_axis(jnp.broadcast_to(oracle[..., None, :], paths.shape),
-                                  at[..., None], axis=-1)[..., 0]
+  oracle_at = jnp.take_along_axis(per_path(oracle, paths), at[..., None], axis=-1)[..., 0]
   return token, (length < d) & (oracle_at != UNKNOWN)
 
 
