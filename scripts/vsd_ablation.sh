@@ -2,6 +2,7 @@
 # VSD vs the EAGLE-3 baseline on SmolLM2 (specs/vsd.md "Metrics that decide whether it works"):
 # same data, same steps, same drafter architecture and seed; only the objective differs.
 #   scripts/vsd_ablation.sh [STEPS] [VARIANT...]
+#   STOP=80 scripts/vsd_ablation.sh 240 wl   # stop at step 80 of the 240-step schedule
 # Variants (default: all): baseline wl wl_arw vsd s4 s32. Each trains in out/runs/vsd_ablation/
 # <variant> (resumable: rerun the same command), then `scripts/vsd_report.py` prints the table
 # (held-out simulated tau, tree diagnostics) and, with --decode, real tree-decoding tau.
@@ -25,6 +26,6 @@ for v in "${VARIANTS[@]}"; do
   esac
   "$PY" -m vsd_jax.train --config=smollm2_eagle3 --mesh=1x1 --no-progress \
       --workdir="out/runs/vsd_ablation/$v" --set steps="$STEPS" "${args[@]}" \
-      --export="out/drafters/vsd_ablation/$v"
+      ${STOP:+--steps "$STOP"} --export="out/drafters/vsd_ablation/$v"
 done
 "$PY" scripts/vsd_report.py out/runs/vsd_ablation/*
