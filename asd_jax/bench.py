@@ -230,8 +230,19 @@ def main(argv=None):
   config["prompt_tokens"] = [len(ids) for _, ids in encoded]
   if calibration is not None:
     config["asd_calibration"] = calibration
+
+  def save(stage: str) -> None:
+    """Writes the JSON so far (a long suite run keeps what it measured if a later stage dies)."""
+    if args.json:
+      config["stage"] = stage
+      bench_report.write_json(args.json, bench_report.machine_info(load_at_start), config,
+                              table_rows)
+
+  save("speed")
   if args.protocol:
+    print(bench_report.format_table(table_rows), file=sys.stderr)
     config["protocol"] = bench_suite.run_protocols(ctx, prepared, table_rows, args.drift_tol)
+    save("protocol")
   if args.mode in ("spec", "suite"):
     prompt_ids = [(p.suite, p.prompt_id) for p in prompts]
     prompts_ids = [ids for _, ids in encoded]
@@ -260,7 +271,7 @@ def main(argv=None):
     print(f"note: 1-minute load average {load} > {os.cpu_count()} cores: other processes "
           "competed for the CPU, so these throughputs are pessimistic", file=sys.stderr)
   if args.json:
-    bench_report.write_json(args.json, bench_report.machine_info(load_at_start), config, table_rows)
+    save("done")
     print(f"wrote {args.json}")
 
 

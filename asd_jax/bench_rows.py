@@ -37,6 +37,9 @@ class BenchContext:
   batch_size: int
   repeats: int
   progress: Callable[..., Any] | None = None   # tqdm-like factory(total=, desc=)
+  # Drafter setups by (draft, k, tree, kind), shared by the rows of one drafter so that they
+  # share compiled programs (a budget sweep compiles once) and parameter buffers.
+  drafter_setups: dict = dataclasses.field(default_factory=dict)
 
   @functools.cached_property
   def jax_target(self):

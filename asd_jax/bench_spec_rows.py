@@ -32,7 +32,11 @@ def spec_row(draft: str, *, k: int, tree: TreeShape | None, rule: str,
     from models.drafter_setup import setup_drafter
 
     _, _, loaded = ctx.jax_target
-    setup = setup_drafter(draft, loaded, k=k, tree=tree, kind=kind, target_name=ctx.target)
+    key = (draft, k, tree, kind)
+    if key not in ctx.drafter_setups:
+      ctx.drafter_setups[key] = setup_drafter(draft, loaded, k=k, tree=tree, kind=kind,
+                                              target_name=ctx.target)
+    setup = ctx.drafter_setups[key]
     decode = asd_tree_decode if setup.engine == "tree" else asd_decode
     n = ctx.max_new_tokens
 

@@ -61,7 +61,10 @@ def calibrate_for_bench(ctx: BenchContext, draft: str, k: int, suites: Sequence[
   t0 = time.perf_counter()
   prompts = calibration_prompts(suites, eval_count, count, source)
   _, _, loaded = ctx.jax_target
-  setup = setup_drafter(draft, loaded, k=k, target_name=ctx.target)
+  key = (draft, k, None, None)
+  if key not in ctx.drafter_setups:
+    ctx.drafter_setups[key] = setup_drafter(draft, loaded, k=k, target_name=ctx.target)
+  setup = ctx.drafter_setups[key]
   if setup.engine != "chain":
     raise ValueError(f"calibration needs a chain drafter (a standalone LM); {draft!r} is "
                      f"{setup.kind}")
@@ -156,7 +159,8 @@ def natural_eos_quality(ctx: BenchContext, runners: dict, names: Sequence[str],
   """Re-runs `names` with natural EOS (one pass) and returns their quality columns."""
   from models.tokenizer import eos_token_ids
   qctx = dataclasses.replace(ctx, max_new_tokens=max_new_tokens, repeats=1,
-                             eos_ids=eos_token_ids(ctx.tokenizer, ctx.jax_target[2].hf_config))
+                             eos_ids=eos_token_ids(ctx.tokenizer, ctx.jax_target[2].hf_config),
+                             drafter_setups=ctx.drafter_setups)
   qctx.__dict__["jax_target"] = ctx.jax_target   # share the loaded target
   prepared = [runners[n](qctx) for n in names]
   results = run_rows(qctx, prepared)
