@@ -304,3 +304,31 @@ def test_vsd_with_the_target_oracle_trains(tiny):
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(g))
   # Same proposals (same key); on greedy data the utilities agree up to the data's end.
   assert float(m["vsd_best_utility"]) >= float(m_d["vsd_best_utility"]) - 1e-6
+
+
+def test_init_from_another_objectives_run(tiny, tmp_path):
+  """--init-from: a baseline run starts from the VSD run's parameters (fresh optimiser and
+  step); a different drafter kind is refused."""
+  from vsd_jax.checkpointing import CheckpointMismatchError
+  trainer, _ = tiny
+  trainer.checkpointer.wait()
+  cfg = trainer.cfg
+  other = Trainer(cfg, make_mesh(1, 1, 1), str(tmp_path / "phase2"), objective="baseline",
+                  log=lambda *_: None, progress=False, init_from=str(trainer.workdir))
+  state, position = other.restore_or_init()
+  assert int(state.step) == 0 and position.index == 0 and position.epoch == 0
+  for a, b in zip(jax.tree_util.tree_leaves(state.params),
+                  jax.tree_util.tree_leaves(trainer.state.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  other.close()
+  medusa = with_overrides(get_preset("tiny_medusa"), [f"data_dir={cfg.data_dir}"])
+  wrong = Trainer(medusa, make_mesh(1, 1, 1), str(tmp_path / "wrong"), log=lambda *_: None,
+                  progress=False, init_from=str(trainer.workdir))
+  with pytest.raises(CheckpointMismatchError, match="eagle3 drafter"):
+    wrong.restore_or_init()
+  wrong.close()
+  empty = Trainer(cfg, make_mesh(1, 1, 1), str(tmp_path / "empty"), log=lambda *_: None,
+                  progress=False, init_from=str(tmp_path / "nothing-here"))
+  with pytest.raises(ValueError, match="--init-from: no checkpoint"):
+    empty.restore_or_init()
+  empty.close()

@@ -52,6 +52,27 @@ class Checkpointer:
         state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position),
         meta=ocp.args.JsonSave(meta)))
 
+  def restore_params(self, abstract_state, meta: dict):
+    """The newest checkpoint's parameters, for a new run that starts from them (--init-from).
+
+    Drafter kind, target and parameter shapes must agree; the objective may differ (e.g. a
+    VSD phase on top of a baseline-trained drafter).
+    """
+    step = self.latest_step()
+    if step is None:
+      raise ValueError(f"--init-from: no checkpoint in {self.directory}")
+    where = self.directory / str(step)
+    with _readable(where):
+      saved_meta = self.manager.restore(step, args=ocp.args.Composite(
+          meta=ocp.args.JsonRestore()))["meta"]
+    if not isinstance(saved_meta, dict):
+      raise CheckpointCorruptError(f"checkpoint {where} is corrupt: meta is not a JSON object")
+    check_compatible(saved_meta, meta, where, same_objective=False)
+    with _readable(where):
+      state = self.manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract_state)))["state"]
+    return state.params, where
+
   def restore(self, step: int, abstract_state, meta: dict) -> tuple[Any, dict]:
     """Restores the state onto `abstract_state`'s shardings after checking `meta` agrees.
 
@@ -97,7 +118,7 @@ class _readable:
         f"delete that folder to resume from an earlier checkpoint") from error
 
 
-def check_compatible(saved: dict, current: dict, where) -> None:
+def check_compatible(saved: dict, current: dict, where, same_objective: bool = True) -> None:
   """Raises CheckpointMismatchError naming the first difference (kind, target, shapes, rest)."""
   hint = "; use another --workdir or the matching preset"
   s_obj, c_obj = saved.get("objective", {}), current.get("objective", {})
@@ -115,6 +136,6 @@ def check_compatible(saved: dict, current: dict, where) -> None:
     detail = "; ".join(f"{k}: checkpoint {s.get(k)} vs run {c.get(k)}" for k in diff)
     raise CheckpointMismatchError(f"checkpoint {where} holds a drafter of different shape "
                                   f"({detail}){hint}")
-  if s_obj != c_obj:
+  if same_objective and s_obj != c_obj:
     raise CheckpointMismatchError(f"checkpoint {where} was made with objective {s_obj}, this "
                                   f"run has {c_obj}{hint}")

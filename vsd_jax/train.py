@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--steps", type=int, default=None,
                  help="stop after this many total steps (the schedule still uses the preset's)")
   p.add_argument("--export", default="", help="write the trained drafter folder here")
+  p.add_argument("--init-from", default="",
+                 help="start a new run from the newest checkpoint's parameters in this other "
+                      "workdir (same drafter and target; the objective may differ)")
   p.add_argument("--eval-only", action="store_true",
                  help="restore the newest checkpoint in --workdir, run the held-out evaluation "
                       "(loss, simulated tau, tree diagnostics), print it as JSON and exit")
@@ -71,7 +74,8 @@ def main(argv=None) -> int:
     mesh = make_mesh(*parse_mesh(args.mesh), args.num_devices)
     trainer = Trainer(cfg, mesh, args.workdir, objective=args.objective, log=log,
                       progress=not args.no_progress,
-                      async_checkpoints=not args.sync_checkpoints)
+                      async_checkpoints=not args.sync_checkpoints,
+                      init_from=args.init_from or None)
     if args.eval_only:
       result = trainer.evaluate_latest()
       trainer.close()

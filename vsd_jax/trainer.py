@@ -64,8 +64,9 @@ class Trainer:
 
   def __init__(self, cfg: TrainConfig, mesh: Mesh, workdir: str, objective: str = "baseline",
                log: Callable[[str], None] = print, progress: bool = True,
-               async_checkpoints: bool = True):
+               async_checkpoints: bool = True, init_from: str | None = None):
     self.cfg, self.mesh, self.log, self.progress = cfg, mesh, log, progress
+    self.init_from = init_from
     self.workdir = Path(workdir)
     data_axis = mesh.shape["data"]
     if cfg.batch_size % data_axis:
@@ -196,6 +197,17 @@ class Trainer:
 
   def restore_or_init(self) -> tuple[TrainState, DataPosition]:
     step = self.checkpointer.latest_step()
+    if step is None and self.init_from:
+      # A new run from another run's parameters: fresh optimiser, step 0, data from the start.
+      if not (Path(self.init_from) / "checkpoints").is_dir():  # don't create it (orbax would)
+        raise ValueError(f"--init-from: no checkpoint in {Path(self.init_from).resolve()}")
+      source = Checkpointer(self.init_from, self.cfg.keep_checkpoints, async_save=False)
+      try:
+        params, where = source.restore_params(self.abstract_state, self.meta)
+      finally:
+        source.close()
+      self.log(f"initialised from {where}")
+      return self._init(params), DataPosition()
     if step is None:
       return self._init(self.objective.trainable), DataPosition()
     state, data = self.checkpointer.restore(step, self.abstract_state, self.meta)
