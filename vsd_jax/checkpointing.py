@@ -61,13 +61,7 @@ class Checkpointer:
     step = self.latest_step()
     if step is None:
       raise ValueError(f"--init-from: no checkpoint in {self.directory}")
-    where = self.directory / str(step)
-    with _readable(where):
-      saved_meta = self.manager.restore(step, args=ocp.args.Composite(
-          meta=ocp.args.JsonRestore()))["meta"]
-    if not isinstance(saved_meta, dict):
-      raise CheckpointCorruptError(f"checkpoint {where} is corrupt: meta is not a JSON object")
-    check_compatible(saved_meta, meta, where, same_objective=False)
+    where = self._check_meta(step, meta, same_objective=False)
     with _readable(where):
       state = self.manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract_state)))["state"]
@@ -79,17 +73,22 @@ class Checkpointer:
     Raises CheckpointCorruptError naming the folder when it cannot be read back (orbax only
     finalizes whole checkpoints, so this means damage after the save, not a killed run).
     """
+    where = self._check_meta(step, meta)
+    with _readable(where):
+      out = self.manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+    return out["state"], out["data"]
+
+  def _check_meta(self, step: int, meta: dict, same_objective: bool = True) -> Path:
+    """Reads checkpoint `step`'s meta and checks it against `meta`; returns its folder."""
     where = self.directory / str(step)
     with _readable(where):
       saved_meta = self.manager.restore(step, args=ocp.args.Composite(
           meta=ocp.args.JsonRestore()))["meta"]
     if not isinstance(saved_meta, dict):
       raise CheckpointCorruptError(f"checkpoint {where} is corrupt: meta is not a JSON object")
-    check_compatible(saved_meta, meta, where)
-    with _readable(where):
-      out = self.manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
-    return out["state"], out["data"]
+    check_compatible(saved_meta, meta, where, same_objective)
+    return where
 
   def wait(self):
     self.manager.wait_until_finished()
