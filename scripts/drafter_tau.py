@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     print(draft, json.dumps(row), flush=True)
   names = list(results["drafters"])
   base = results["drafters"][names[0]]
-  print(f"\n| drafter | " + " | ".join(f"tau {s}" for s in base if s != "seconds") + " |")
+  print("\n| drafter | " + " | ".join(f"tau {s}" for s in base if s != "seconds") + " |")
   print("|---|" + "---|" * (len(base) - 1))
   for name in names:
     r = results["drafters"][name]

@@ -16,8 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 
 def _median_ms(fn, args, reps):
   import jax

@@ -24,13 +24,13 @@ Selection is discrete (no gradient); the returned log-probabilities are differen
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from models.eagle3 import Eagle3Drafter
 from models.kv_cache import KVCache
+from vsd_jax.vsd_paths import NOT_DRAFTABLE, UNKNOWN
 
 PROPOSALS = ("tree", "iid", "greedy")
 _NEG = -1e30  # finite "minus infinity" for invalid candidates (keeps top_k and sums NaN-free)
@@ -89,7 +89,6 @@ def sample_positions(key, loss_mask_BxT, num: int):
 def oracle_tokens(tokens_BxT, loss_mask_BxT, t2d_index_Vt, rows_BxP, depth: int):
   """int32 [B, P, d]: the data tokens at p + 2 + j as draft ids (vsd_jax/vsd_paths.py
   sentinels: UNKNOWN outside the response, NOT_DRAFTABLE outside the draft vocabulary)."""
-  from vsd_jax.vsd_paths import NOT_DRAFTABLE, UNKNOWN
   t = tokens_BxT.shape[1]
   at = rows_BxP[..., None] + 2 + jnp.arange(depth)
   inside = at < t

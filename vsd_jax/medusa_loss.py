@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from models.llama import Decoder
-from models.medusa import MedusaConfig, MedusaHeads, init_medusa, medusa_logits
+from models.medusa import MedusaConfig, init_medusa, medusa_logits
 from vsd_jax.objective_api import (Objective, cast_floats, head_VxD, rank_of, shift_left,
                                    target_hidden, weighted_mean)
 

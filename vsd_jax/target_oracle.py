@@ -13,7 +13,6 @@ argmax at the context row p + 1 is the oracle for depth 0 of every path; its arg
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from models.eagle3 import draft_to_target_ids

@@ -154,7 +154,7 @@ class Trainer:
 
   def evaluate(self, params) -> dict[str, Any]:
     """Held-out loss and simulated tau (chain K; tree depth/top-k) of the current drafter."""
-    cfg, obj = self.cfg, self.objective
+    cfg = self.cfg
     batches = fixed_batches(self.data_dir, "heldout", cfg.batch_size, cfg.seq_len,
                             cfg.eval_examples)
     ranks, masks, lengths, losses, weights, diag = [], [], [], [], [], {}

@@ -47,7 +47,7 @@ def vsd_terms(paths, oracle_BxPxd, pos_valid_BxP, cfg) -> dict[str, jax.Array]:
   keep = keep & valid[..., None]
   weights = path_weights(length, valid, cfg.vsd_eta)
   max_prob = paths.max_prob()
-  node_ok = valid[..., None] & jnp.ones_like(keep)
+  node_ok = jnp.broadcast_to(valid[..., None], keep.shape)
   confidence = jax.lax.stop_gradient(
       jnp.where(node_ok, max_prob, 0.0).sum((-1, -2))
       / jnp.maximum(node_ok.sum((-1, -2)), 1))
