@@ -27,10 +27,7 @@ with own heads, `medusa_head.{m}.1.weight` [V, D].
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -42,13 +39,12 @@ import numpy as np
 from models.config import ModelConfig, rope_inverse_frequencies, rope_scaling_to_hf
 from models.eagle3 import Eagle3Config, Eagle3Drafter, check_vocab_map, eagle3_default_layers
 from models.errors import CheckpointError, UnsupportedArchitectureError
-from models.hf_folder import load_hf_folder, save_hf_folder
+from models.hf_folder import load_hf_folder, replace_hf_folder
 from models.medusa import MedusaConfig, MedusaHeads
 
 DRAFTER_KEY = "asd_jax_drafter"
 SHARED_EMBEDDING_KEY = "asd_jax_shared_embedding"  # as models/drafter_folder.py
 EAGLE3_ARCH = "LlamaForCausalLMEagle3"
-MANIFEST_FILE = "manifest.json"
 _EMBED = "embed_tokens.weight"
 
 # (HF name, attribute path in Eagle3Drafter, transpose [out, in] <-> kernel [in, out])
@@ -83,7 +79,7 @@ def save_drafter(path: str | os.PathLike, drafter: Eagle3Drafter | MedusaHeads,
     hf, tensors = _medusa_folder(drafter, dtype)
   else:
     raise TypeError(f"not a drafter: {type(drafter).__name__}")
-  return _write_folder(path, hf, tensors, manifest)
+  return replace_hf_folder(path, hf, tensors, manifest)
 
 
 def export_eagle3(path: str | os.PathLike, drafter: Eagle3Drafter, dtype: str = "bfloat16",
@@ -96,7 +92,7 @@ def export_eagle3(path: str | os.PathLike, drafter: Eagle3Drafter, dtype: str = 
     raise TypeError(f"export_eagle3 needs an EAGLE-3 drafter, got {type(drafter).__name__}")
   _check_dtype(dtype)
   hf, tensors = _eagle3_folder(drafter, dtype, include_embedding)
-  return _write_folder(path, hf, tensors, None)
+  return replace_hf_folder(path, hf, tensors)
 
 
 def load_drafter(path: str | os.PathLike, target, dtype: str = "float32"):
@@ -342,24 +338,3 @@ def _set(model, attr: str, value: np.ndarray, transpose: bool, dtype: str, folde
                           f"config expects {tuple(var.shape)}")
   var.set_value(jnp.asarray(value, jnp.dtype(dtype)))
 
-
-def _write_folder(path, hf: Mapping[str, Any], tensors: Mapping[str, np.ndarray],
-                  manifest: Mapping[str, Any] | None) -> Path:
-  """Writes next to `path` and renames into place, so readers never see half a folder."""
-  target = Path(path)
-  target.parent.mkdir(parents=True, exist_ok=True)
-  tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-  old = target.parent / f".{target.name}.old-{os.getpid()}"
-  try:
-    save_hf_folder(tmp, hf, tensors)
-    if manifest is not None:
-      with open(tmp / MANIFEST_FILE, "w") as f:
-        json.dump(dict(manifest), f, indent=2, sort_keys=True)
-        f.write("\n")
-    if target.exists():
-      os.replace(target, old)
-    os.replace(tmp, target)
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.rmtree(old, ignore_errors=True)
-  return target

@@ -13,25 +13,21 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
 from models.config import ModelConfig, rope_scaling_to_hf
 from models.errors import CheckpointError, UnknownModelError
-from models.hf_folder import load_hf_folder, save_hf_folder
+from models.hf_folder import MANIFEST_FILE, load_hf_folder, replace_hf_folder
 from models.hf_params import decoder_from_hf_tensors, decoder_to_hf_tensors
 from models.llama import Decoder
 
 SHARED_EMBEDDING_KEY = "asd_jax_shared_embedding"
 EMBEDDING_TENSOR = "model.embed_tokens.weight"
-MANIFEST_FILE = "manifest.json"
 DRAFTERS_DIR = Path(__file__).resolve().parent.parent / "drafters"
 
 # Drafters shipped in DRAFTERS_DIR: name -> the target they were distilled from (a registry name).
@@ -165,25 +161,7 @@ def save_standalone_drafter(path: str | os.PathLike, model: Decoder, manifest: M
   np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32
   tensors = {k: v.astype(np_dtype) for k, v in tensors.items()}
 
-  target = Path(path)
-  target.parent.mkdir(parents=True, exist_ok=True)
-  tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-  old = target.parent / f".{target.name}.old-{os.getpid()}"
-  try:
-    save_hf_folder(tmp, hf, tensors)
-    with open(tmp / MANIFEST_FILE, "w") as f:
-      json.dump(dict(manifest), f, indent=2, sort_keys=True, default=_json_default)
-      f.write("\n")
-    for file in tmp.iterdir():  # mkdtemp and safetensors create owner-only files
-      file.chmod(0o644)
-    tmp.chmod(0o755)
-    if target.exists():
-      os.replace(target, old)
-    os.replace(tmp, target)
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.rmtree(old, ignore_errors=True)
-  return target
+  return replace_hf_folder(path, hf, tensors, manifest)
 
 
 def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
@@ -194,8 +172,3 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
   with open(file) as f:
     return json.load(f)
 
-
-def _json_default(x):
-  if isinstance(x, (np.generic, jax.Array)):
-    return np.asarray(x).tolist()
-  raise TypeError(f"manifest value of type {type(x).__name__} is not JSON-serialisable")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -108,3 +110,43 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
   # bf16 / fp8 arrive as ml_dtypes types (numpy kind "V"), so test for "not integer".
   return {name: t if t.dtype.kind in "iub" else t.astype(np.float32, copy=False)
           for name, t in raw.items()}
+
+
+MANIFEST_FILE = "manifest.json"
+
+
+def replace_hf_folder(path: str | os.PathLike, hf_config: Mapping[str, Any],
+                      tensors: Mapping[str, np.ndarray],
+                      manifest: Mapping[str, Any] | None = None) -> Path:
+  """Writes an HF folder (and manifest.json, if given) and swaps it in for `path` whole.
+
+  The folder is written next to `path` and renamed into place, so readers never see half of
+  it; a previous folder at `path` is replaced. Files get ordinary permissions (mkdtemp and
+  safetensors create owner-only ones).
+  """
+  target = Path(path)
+  target.parent.mkdir(parents=True, exist_ok=True)
+  tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+  old = target.parent / f".{target.name}.old-{os.getpid()}"
+  try:
+    save_hf_folder(tmp, hf_config, tensors)
+    if manifest is not None:
+      with open(tmp / MANIFEST_FILE, "w") as f:
+        json.dump(dict(manifest), f, indent=2, sort_keys=True, default=_json_default)
+        f.write("\n")
+    for file in tmp.iterdir():
+      file.chmod(0o644)
+    tmp.chmod(0o755)
+    if target.exists():
+      os.replace(target, old)
+    os.replace(tmp, target)
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
+  return target
+
+
+def _json_default(x):
+  if isinstance(x, np.generic) or hasattr(x, "__array__"):  # numpy and jax scalars/arrays
+    return np.asarray(x).tolist()
+  raise TypeError(f"manifest value of type {type(x).__name__} is not JSON-serialisable")
