@@ -60,7 +60,7 @@ def transformers_assisted_greedy(draft: str):
     import transformers
     from transformers import AutoModelForCausalLM
 
-    from asd_jax.bench_transformers import hf_folder_for
+    from asd_jax.bench_transformers import greedy_generate_kwargs, hf_folder_for, until_eos
 
     _, _, loaded = ctx.jax_target
     t0 = time.perf_counter()
@@ -72,20 +72,7 @@ def transformers_assisted_greedy(draft: str):
     assistant = AutoModelForCausalLM.from_pretrained(assistant_folder, dtype=torch.float32,
                                                      local_files_only=True).eval()
     load_s = time.perf_counter() - t0
-    n = ctx.max_new_tokens
-    ignore_eos = not ctx.eos_ids
-    pad_id = ctx.eos_ids[0] if ctx.eos_ids else 0
-    # As bench_transformers: with EOS ignored the EOS id is switched off, not suppressed.
-    kwargs = dict(do_sample=False, max_new_tokens=n, pad_token_id=pad_id,
-                  eos_token_id=None if ignore_eos else list(ctx.eos_ids))
-    if ignore_eos:
-      kwargs["min_new_tokens"] = n
-    for m in (model, assistant):
-      m.generation_config.temperature = None
-      m.generation_config.top_p = None
-      m.generation_config.top_k = None
-      if ignore_eos:
-        m.generation_config.eos_token_id = None
+    kwargs, pad_id = greedy_generate_kwargs(ctx, model, assistant)
 
     def run_batch(batch: Batch) -> BatchOutput:
       rows = []
@@ -94,11 +81,7 @@ def transformers_assisted_greedy(draft: str):
         with torch.inference_mode():
           out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
                                assistant_model=assistant, **kwargs)
-        new = out[0, len(r):].tolist()
-        if not ignore_eos:
-          stop = next((i for i, t in enumerate(new) if t in ctx.eos_ids), len(new) - 1)
-          new = new[:stop + 1]
-        rows.append(new)
+        rows.append(until_eos(out[0, len(r):].tolist(), ctx.eos_ids))
       return BatchOutput(rows)
 
     settings = {k: getattr(model.generation_config, k, None) for k in ASSISTED_SETTINGS}

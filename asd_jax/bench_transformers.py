@@ -37,6 +37,36 @@ def hf_folder_for(target: str | os.PathLike) -> Path:
   return folder
 
 
+def greedy_generate_kwargs(ctx: BenchContext, *models) -> tuple[dict, int]:
+  """(generate() kwargs, pad id) for the bench workload: greedy, N = ctx.max_new_tokens.
+
+  With EOS ignored the EOS id is switched off rather than suppressed (see
+  `transformers_generate_greedy`), in the kwargs and in each model's generation_config (an
+  assistant model drafts with its own config). Sampling knobs a checkpoint's
+  generation_config may carry are cleared: they would only trigger warnings.
+  """
+  n = ctx.max_new_tokens
+  ignore_eos = not ctx.eos_ids
+  pad_id = ctx.eos_ids[0] if ctx.eos_ids else 0
+  kwargs = dict(do_sample=False, max_new_tokens=n, pad_token_id=pad_id,
+                eos_token_id=None if ignore_eos else list(ctx.eos_ids))
+  if ignore_eos:
+    kwargs["min_new_tokens"] = n
+  for m in models:
+    m.generation_config.temperature = None
+    m.generation_config.top_p = None
+    m.generation_config.top_k = None
+    if ignore_eos:
+      m.generation_config.eos_token_id = None
+  return kwargs, pad_id
+
+
+def until_eos(tokens: list[int], eos_ids) -> list[int]:
+  """`tokens` up to and including the first EOS (all of them without one or without eos_ids)."""
+  stop = next((i for i, t in enumerate(tokens) if t in eos_ids), len(tokens) - 1)
+  return tokens[:stop + 1]
+
+
 def transformers_generate_greedy(ctx: BenchContext) -> PreparedRow:
   """`model.generate(do_sample=False)` on the same token ids, one warm-up call first.
 
@@ -55,17 +85,7 @@ def transformers_generate_greedy(ctx: BenchContext) -> PreparedRow:
   model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
                                                local_files_only=True).eval()
   load_s = time.perf_counter() - t0
-  n = ctx.max_new_tokens
-  ignore_eos = not ctx.eos_ids
-  pad_id = ctx.eos_ids[0] if ctx.eos_ids else 0
-  kwargs = dict(do_sample=False, max_new_tokens=n, pad_token_id=pad_id,
-                eos_token_id=None if ignore_eos else list(ctx.eos_ids))
-  if ignore_eos:
-    kwargs["min_new_tokens"] = n
-  # Sampling knobs a checkpoint's generation_config may carry would only trigger warnings.
-  model.generation_config.temperature = None
-  model.generation_config.top_p = None
-  model.generation_config.top_k = None
+  kwargs, pad_id = greedy_generate_kwargs(ctx, model)
 
   def run_batch(batch: Batch) -> BatchOutput:
     width = max(len(r) for r in batch.rows)
@@ -76,13 +96,7 @@ def transformers_generate_greedy(ctx: BenchContext) -> PreparedRow:
       mask[b, width - len(r):] = 1
     with torch.inference_mode():
       out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
-    rows = []
-    for new in out[:, width:].tolist():
-      if not ignore_eos:
-        stop = next((i for i, t in enumerate(new) if t in ctx.eos_ids), len(new) - 1)
-        new = new[:stop + 1]
-      rows.append(new)
-    return BatchOutput(rows)
+    return BatchOutput([until_eos(new, ctx.eos_ids) for new in out[:, width:].tolist()])
 
   return PreparedRow("transformers_generate_greedy", run_batch,
                      warmup=lambda: run_batch(ctx.batches[0]), extra={
