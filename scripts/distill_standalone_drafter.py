@@ -20,7 +20,6 @@ import argparse
 import dataclasses
 import datetime
 import functools
-import hashlib
 import json
 import shlex
 import sys
@@ -47,6 +46,8 @@ from models.lm_fns import decoder_fns
 from models.load import load_decoder
 from models.tokenizer import encode_chat, eos_token_ids, load_tokenizer
 from scripts.training_prompts import build_training_prompts
+from vsd_jax.build_dataset import generate
+from vsd_jax.targets import Target
 
 _START = time.perf_counter()
 
@@ -59,47 +60,16 @@ def log(msg: str) -> None:
 
 
 def generate_responses(lm, tokenizer, prompts, *, max_new_tokens, batch_size, cache_dir):
-  """Prompt and response ids per prompt (response includes EOS when hit), cached as .npz."""
-  eos = eos_token_ids(tokenizer, lm.hf_config)
+  """Prompt and response ids per prompt (response includes EOS when hit).
+
+  The answers come from vsd_jax.build_dataset.generate (batched plain decoding, cached as
+  out/distill_data_<key>.npz under the same key, so the two share their cache).
+  """
   rows = [encode_chat(tokenizer, p) for p in prompts]
-  key = hashlib.sha256(json.dumps([rows, max_new_tokens, lm.source]).encode()).hexdigest()[:16]
-  cache = Path(cache_dir) / f"distill_data_{key}.npz"
-  if cache.is_file():
-    data = np.load(cache)
-    log(f"reusing {cache} ({int(data['gen_tokens'])} generated tokens)")
-    return _split(data["prompt_flat"], data["prompt_len"]), _split(
-        data["resp_flat"], data["resp_len"]), dict(cached=str(cache),
-                                                   tokens_per_s=float(data["tokens_per_s"]))
-
-  fns, params = decoder_fns(lm.model)
-  order = np.argsort([len(r) for r in rows], kind="stable")  # similar widths share a bucket
-  responses: list[np.ndarray] = [None] * len(rows)
-  generated, start = 0, time.perf_counter()
-  bar = tqdm(range(0, len(order), batch_size), desc="target generation", mininterval=5)
-  for lo in bar:
-    idx = order[lo:lo + batch_size]
-    batch = [rows[i] for i in idx]
-    batch += [batch[-1]] * (batch_size - len(batch))  # fixed batch size: no recompilation
-    prompt, lengths = right_pad(batch, bucket=32)
-    out = plain_decode(fns, params, prompt, lengths, max_new_tokens=max_new_tokens, eos_ids=eos)
-    tokens, counts = np.asarray(out.tokens_BxN), np.asarray(out.num_generated_B)
-    for j, i in enumerate(idx):
-      responses[i] = tokens[j, :counts[j]].astype(np.int32)
-      generated += int(counts[j])
-    bar.set_postfix(tok_s=f"{generated / (time.perf_counter() - start):.0f}")
-  seconds = time.perf_counter() - start
-  log(f"generated {generated} tokens for {len(rows)} prompts in {seconds:.0f} s "
-      f"({generated / seconds:.1f} tok/s incl. compilation, batch {batch_size})")
-  cache.parent.mkdir(parents=True, exist_ok=True)
-  prompts_ids = [np.asarray(r, np.int32) for r in rows]
-  np.savez(cache, prompt_flat=np.concatenate(prompts_ids), prompt_len=[len(r) for r in rows],
-           resp_flat=np.concatenate(responses), resp_len=[len(r) for r in responses],
-           gen_tokens=generated, tokens_per_s=generated / seconds)
-  return prompts_ids, responses, dict(seconds=seconds, tokens_per_s=generated / seconds)
-
-
-def _split(flat, lengths):
-  return np.split(np.asarray(flat, np.int32), np.cumsum(lengths)[:-1])
+  target = Target(lm.model, tokenizer, eos_token_ids(tokenizer, lm.hf_config), lm.source,
+                  checkpoint=lm.source)
+  responses, stats = generate(target, rows, max_new_tokens, batch_size, cache_dir, log=log)
+  return [np.asarray(r, np.int32) for r in rows], responses, stats
 
 
 def pack_rows(prompts, responses, order, seq_len):
