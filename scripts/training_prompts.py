@@ -21,6 +21,7 @@ import importlib
 import inspect
 import json
 import random
+import re
 import sys
 
 TOPICS = (
@@ -159,7 +160,9 @@ def stdlib_functions() -> list[tuple[str, str, str]]:
       if not (10 <= len(summary) <= 300):
         continue
       try:
-        signature = str(inspect.signature(obj))
+        # Default values like <function copy2 at 0x7f...> print a memory address, which would
+        # make the prompts (and so the dataset) differ from one process to the next.
+        signature = re.sub(r" at 0x[0-9a-fA-F]+", "", str(inspect.signature(obj)))
       except (TypeError, ValueError):
         signature = "(...)"
       out.append((f"{module_name}.{name}", signature, summary))

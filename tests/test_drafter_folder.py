@@ -3,6 +3,9 @@
 import gzip
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import flax.nnx as nnx
@@ -17,7 +20,7 @@ from models.drafter_folder import (DRAFTERS_DIR, EMBEDDING_TENSOR, KNOWN_DRAFTER
 from models.errors import CheckpointError, UnknownModelError
 from models.hf_folder import load_hf_folder
 from models.kv_cache import KVCache
-from scripts.training_prompts import build_training_prompts
+from scripts.training_prompts import build_training_prompts, stdlib_functions
 from tests.tiny_models import random_decoder
 
 
@@ -142,6 +145,16 @@ def test_training_prompts_are_deterministic_and_distinct():
   assert prompts != build_training_prompts(600, seed=4)
   assert len(prompts) == len(set(prompts)) == 600 and all(isinstance(p, str) for p in prompts)
   assert any("`json." in p for p in prompts) and any("Solve for x" in p for p in prompts)
+  # ... and across processes: printed signature defaults carry no memory addresses, which
+  # differ between processes (this prompt set, under two hash seeds, used to differ).
+  assert not any(" at 0x" in signature for _, signature, _ in stdlib_functions())
+  root = Path(__file__).resolve().parent.parent
+  runs = [subprocess.run(
+      [sys.executable, "-c", "import json; from scripts.training_prompts import "
+       "build_training_prompts as b; print(json.dumps(b(1000, seed=0)))"],
+      cwd=root, env={**os.environ, "PYTHONPATH": str(root), "PYTHONHASHSEED": seed},
+      capture_output=True, text=True, check=True).stdout for seed in ("1", "2")]
+  assert json.loads(runs[0]) == json.loads(runs[1])
 
 
 def _asset(package, relative):
