@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
   spec = p.add_argument_group("--mode spec")
   spec.add_argument("--draft", default="smollm2-135m-standalone",
-                    help="comma-separated drafters (names, folders, or 'self')")
+                    help="comma-separated drafters (names, folders, 'ngram[:MIN-MAX]' or 'self')")
   spec.add_argument("--k", type=int, default=4, help="chain block length K (default 4)")
   spec.add_argument("--tree", help="DEPTH,TOPK,NODES: also run tree rows")
   spec.add_argument("--no-chain", action="store_true", help="tree rows only")

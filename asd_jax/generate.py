@@ -47,11 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
                  help="parameter/activation dtype (float32 on CPU, bfloat16 on TPU/GPU)")
   p.add_argument("--json", action="store_true", help="print one JSON object")
   spec = p.add_argument_group("speculative decoding")
-  spec.add_argument("--draft", help="drafter: a known name, a drafter folder, or 'self' (the "
-                    "target drafts for itself; a correctness check, not a speedup)")
+  spec.add_argument("--draft", help="drafter: a known name, a drafter folder, 'ngram' / "
+                    "'ngram:MAX' / 'ngram:MIN-MAX' (model-free n-gram lookup in the prompt and "
+                    "output), or 'self' (the target drafts for itself; a correctness check, "
+                    "not a speedup)")
   spec.add_argument("--rule", choices=RULES, help="verification rule (default: strict with a "
                     "draft; plain decoding without)")
-  spec.add_argument("--drafter", choices=("standalone", "eagle3", "medusa"),
+  spec.add_argument("--drafter", choices=("standalone", "eagle3", "medusa", "ngram"),
                     help="drafter kind (default: read from the drafter folder's config.json)")
   spec.add_argument("--k", type=int, default=4, help="draft block length K (default 4)")
   spec.add_argument("--tree", help="DEPTH,TOPK,NODES: tree drafting (EAGLE-2 dynamic trees; "

@@ -2,7 +2,9 @@
 
 Kinds: "standalone" (a small LM with the target's tokenizer; chain or dynamic tree), "eagle3"
 (EAGLE-3 head; dynamic trees, a chain being the depth-K top-1 tree), "medusa" (Medusa heads;
-static trees). "self" makes the target its own standalone drafter (a correctness check).
+static trees), "ngram" (no model: n-gram lookup in the request's own tokens; chains only;
+named 'ngram', 'ngram:MAX' or 'ngram:MIN-MAX'). "self" makes the target its own standalone
+drafter (a correctness check).
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from typing import Any
 from asd_jax.draft_tree import TreeDrafter, TreeShape, lm_tree_drafter
 from asd_jax.drafter_api import ChainDrafter, lm_chain_drafter
 from asd_jax.lm_api import LanguageModelFns
+from asd_jax.ngram_drafter import ngram_drafter, parse_ngram_name
 from models.errors import CheckpointError
 from models.load import LoadedModel
 from models.lm_fns import decoder_fns
 
-KINDS = ("standalone", "eagle3", "medusa")
+KINDS = ("standalone", "eagle3", "medusa", "ngram")
 
 
 @dataclasses.dataclass
@@ -40,6 +43,8 @@ def infer_kind(name_or_path: str | os.PathLike) -> str:
   """The drafter kind from a folder's config.json (or a known standalone name)."""
   if str(name_or_path) == "self":
     return "standalone"
+  if parse_ngram_name(str(name_or_path)) is not None:
+    return "ngram"
   from models.drafter_folder import resolve_drafter
   folder = resolve_drafter(name_or_path)
   try:
@@ -68,6 +73,15 @@ def setup_drafter(name_or_path: str, target: LoadedModel, *, k: int,
   if kind not in KINDS:
     raise ValueError(f"unknown drafter kind {kind!r}; choose one of {KINDS}")
   plain_fns, plain_params = decoder_fns(target.model, name=target_name)
+  if kind == "ngram":
+    sizes = parse_ngram_name(str(name_or_path))
+    if sizes is None:
+      raise ValueError(f"drafter kind 'ngram' needs an n-gram drafter name ('ngram', "
+                       f"'ngram:MAX' or 'ngram:MIN-MAX'), got {name_or_path!r}")
+    if tree is not None:
+      raise ValueError("the n-gram drafter drafts chains only; drop --tree")
+    drafter = ngram_drafter(k, plain_fns.vocab_size, min_ngram=sizes[0], max_ngram=sizes[1])
+    return DrafterSetup(kind, drafter, None, plain_fns, plain_params)
   if kind == "standalone":
     if str(name_or_path) == "self":
       fns, params = plain_fns, plain_params

@@ -1,0 +1,115 @@
+"""A model-free chain drafter: n-gram lookup in the request's own tokens (prompt lookup).
+
+The draft is what followed the most recent earlier occurrence of the row's last n tokens,
+trying n = max_ngram first and down to min_ngram (the idea of vLLM's `ngram` speculator and
+transformers' `prompt_lookup_num_tokens`). It costs no model forward, so every accepted token
+is nearly free; it pays off where outputs copy from the prompt or repeat themselves (code
+edits, summaries, extraction, and the loops small models fall into) and costs a verify of
+K+1 positions where nothing matches.
+
+A match ending at position j predicts the continuation j+1, j+2, ... and, when that runs into
+the row's newest token, continues periodically with period L-1-j (L committed tokens): the
+suffix repeats what followed the match, so a repeating output is drafted block after block.
+With no match the row drafts its last token K times (any guess is safe; the target verifies).
+
+State: the row's committed tokens by position [B, capacity]. Positions the engine never passes
+(accepted draft tokens between rounds, see drafter_api) are filled by writing each draft at
+its positions: under every rule an accepted position commits the draft token.
+
+Shape notation: B rows, T prompt width, C capacity (cache slots), K draft block length, V vocab.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from asd_jax.drafter_api import ChainDrafter
+from asd_jax.sampling import SamplingConfig
+
+# The draft distribution of a deterministic proposal is one-hot. Rejection sampling divides by
+# q, so the other tokens get a large finite negative logit (not -inf: the sampling rule treats
+# non-finite drafter logits as a broken drafter and stops the row).
+_OFF_LOGIT = -1e9
+
+
+def lookup_draft(history_BxC: jax.Array, length_B: jax.Array, num_draft: int,
+                 max_ngram: int, min_ngram: int) -> jax.Array:
+  """int32[B, K]: the n-gram continuation for each row's first length_B tokens (see module)."""
+  b, c = history_BxC.shape
+  j_C = jnp.arange(c)
+  rows_Bx1 = jnp.arange(b)[:, None]
+  suffix_pos_BxN = jnp.maximum(length_B[:, None] - 1 - jnp.arange(max_ngram)[None], 0)
+  suffix_BxN = history_BxC[rows_Bx1, suffix_pos_BxN]  # newest first
+  # A match ends at j <= L-2, so at least its next token is committed.
+  can_end_BxC = j_C[None] <= (length_B[:, None] - 2)
+  matched_BxC = jnp.ones((b, c), bool)
+  best_B = jnp.full((b,), -1, jnp.int32)
+  for m in range(max_ngram):  # m-th newest suffix token vs the token m before each end j
+    shifted_BxC = jnp.pad(history_BxC, ((0, 0), (m, 0)))[:, :c]
+    matched_BxC = matched_BxC & (shifted_BxC == suffix_BxN[:, m:m + 1]) & (j_C[None] >= m)
+    n = m + 1
+    if n >= min_ngram:
+      # Longer n-grams first, then the most recent end: one score orders both.
+      score_BxC = jnp.where(matched_BxC & can_end_BxC, n * c + j_C[None], -1)
+      best_B = jnp.maximum(best_B, score_BxC.max(axis=1))
+  found_B = best_B >= 0
+  end_B = jnp.where(found_B, best_B % c, 0)
+  period_B = jnp.maximum(length_B - 1 - end_B, 1)
+  i_K = jnp.arange(num_draft)
+  source_BxK = end_B[:, None] + 1 + i_K[None] % period_B[:, None]
+  source_BxK = jnp.where(found_B[:, None], source_BxK, (length_B - 1)[:, None])
+  return history_BxC[rows_Bx1, source_BxK]
+
+
+def ngram_drafter(num_draft: int, vocab_size: int, *, max_ngram: int = 3,
+                  min_ngram: int = 1) -> ChainDrafter:
+  """A ChainDrafter (no parameters: pass None) proposing K tokens by n-gram lookup."""
+  for name, value in (("max_ngram", max_ngram), ("min_ngram", min_ngram)):
+    if isinstance(value, bool) or int(value) != value or value <= 0:
+      raise ValueError(f"{name} must be a positive integer, got {value!r}")
+  if min_ngram > max_ngram:
+    raise ValueError(f"min_ngram ({min_ngram}) must be <= max_ngram ({max_ngram})")
+  k = int(num_draft) if not isinstance(num_draft, bool) and int(num_draft) == num_draft else 0
+  if k <= 0:
+    raise ValueError(f"K (draft block length) must be a positive integer, got {num_draft!r}")
+
+  def prefill(params, prompt_BxT, lengths_B, capacity):
+    del params, lengths_B  # pads past a row's length are overwritten before they are read
+    b, t = prompt_BxT.shape
+    return jnp.zeros((b, capacity), jnp.int32).at[:, :t].set(prompt_BxT.astype(jnp.int32))
+
+  def propose(params, history_BxC, recent_Bx2, positions_Bx2, rng, sampling: SamplingConfig):
+    del params, rng
+    rows_Bx1 = jnp.arange(history_BxC.shape[0])[:, None]
+    history_BxC = history_BxC.at[rows_Bx1, positions_Bx2].set(recent_Bx2, mode="drop")
+    length_B = positions_Bx2[:, 1] + 1
+    draft_BxK = lookup_draft(history_BxC, length_B, k, int(max_ngram), int(min_ngram))
+    history_BxC = history_BxC.at[rows_Bx1, length_B[:, None] + jnp.arange(k)[None]].set(
+        draft_BxK, mode="drop")
+    draft_logits = None
+    if not sampling.greedy:
+      draft_logits = jnp.where(jax.nn.one_hot(draft_BxK, vocab_size, dtype=bool), 0.0,
+                               _OFF_LOGIT).astype(jnp.float32)
+    return draft_BxK, draft_logits, history_BxC
+
+  return ChainDrafter(prefill=prefill, propose=propose, num_draft=k,
+                      vocab_size=int(vocab_size), name=f"ngram{min_ngram}-{max_ngram}")
+
+
+def parse_ngram_name(name: str) -> tuple[int, int] | None:
+  """'ngram' -> (1, 3); 'ngram:4' -> (1, 4); 'ngram:2-4' -> (2, 4); other names -> None."""
+  if name != "ngram" and not name.startswith("ngram:"):
+    return None
+  if name == "ngram":
+    return 1, 3
+  spec = name.split(":", 1)[1]
+  try:
+    lo, hi = (spec.split("-", 1) if "-" in spec else ("1", spec))
+    lo, hi = int(lo), int(hi)
+  except ValueError:
+    raise ValueError(f"bad n-gram drafter name {name!r}; use 'ngram', 'ngram:MAX' or "
+                     f"'ngram:MIN-MAX' (n-gram sizes)") from None
+  if lo <= 0 or hi < lo:
+    raise ValueError(f"bad n-gram drafter name {name!r}: need 1 <= MIN <= MAX")
+  return lo, hi
