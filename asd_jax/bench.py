@@ -12,6 +12,7 @@ Modes (rows):
   suite  spec plus everything: transformers generate and assisted generation, the calibrated
          ASD preset, the paper's strict -> ASD -> strict protocol and natural-EOS quality runs
          (asd_jax/bench_suite.py describes the order)
+  --llama-cpp adds llama.cpp greedy decoding on the same float32 weights to any mode
 
 Examples:
   python -m asd_jax.bench --mode ar --json out/bench_ar.json
@@ -37,9 +38,15 @@ def _transformers_row(ctx: BenchContext) -> PreparedRow:
   return transformers_generate_greedy(ctx)
 
 
+def _llama_cpp_row(ctx: BenchContext) -> PreparedRow:
+  from asd_jax.bench_llama_cpp import llama_cpp_greedy  # imports llama_cpp (optional)
+  return llama_cpp_greedy(ctx)
+
+
 RUNNERS: dict[str, RowRunner] = {
     "ours_plain_greedy": ours_plain_greedy,
     "transformers_generate_greedy": _transformers_row,
+    "llama_cpp_greedy": _llama_cpp_row,
 }
 MODE_ROWS = {
     "ar": ("ours_plain_greedy", "transformers_generate_greedy"),
@@ -73,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--skip-transformers", action="store_true",
                  help="leave out the transformers reference row")
   p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
+  p.add_argument("--llama-cpp", action="store_true",
+                 help="add llama.cpp greedy decoding on the same float32 weights (needs the "
+                 "optional llama-cpp-python; a GGUF target)")
   spec = p.add_argument_group("--mode spec")
   spec.add_argument("--draft", default="smollm2-135m-standalone",
                     help="comma-separated drafters (names, folders, 'ngram[:MIN-MAX]' or 'self')")
@@ -171,6 +181,7 @@ def config_dict(args, suites: tuple[str, ...], rows: tuple[str, ...]) -> dict:
           "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens,
           "ignore_eos": args.ignore_eos, "batch_size": args.batch_size,
           "repeats": args.repeats, "skip_transformers": args.skip_transformers,
+          "llama_cpp": args.llama_cpp,
           "draft": args.draft, "k": args.k, "tree": args.tree,
           "asd_budgets": args.asd_budgets, "calibrate_prompts": args.calibrate_prompts,
           "calibration_source": args.calibration_source,
@@ -185,6 +196,7 @@ def main(argv=None):
   suites = _check_args(args)
   rows = tuple(r for r in MODE_ROWS[args.mode]
                if not (args.skip_transformers and r in TRANSFORMERS_ROWS))
+  rows += ("llama_cpp_greedy",) if args.llama_cpp else ()
   prompts = load_prompts(suites, args.num_prompts)
   enable_compilation_cache()
 
@@ -250,7 +262,8 @@ def main(argv=None):
                                         pass_at_1=False)
     natural = {}
     if args.quality:
-      ours = [r.name for r in results if not r.name.startswith("transformers_")]
+      ours = [r.name for r in results
+              if not r.name.startswith(("transformers_", "llama_cpp_"))]
       natural = bench_suite.natural_eos_quality(ctx, runners, ours,
                                                 args.quality_max_new_tokens, prompt_ids,
                                                 prompts_ids)
