@@ -96,7 +96,9 @@ def llama_cpp_greedy(ctx: BenchContext) -> PreparedRow:
                         for r in batch.rows])
 
   def warmup() -> None:
-    greedy_tokens(llm, list(ctx.batches[0].rows[0]), 4, ())
+    # A full-length answer: llama.cpp's first pass pages in the mmapped weights and sizes
+    # its buffers; measured here, the first calls of a fresh instance ran several times slower.
+    greedy_tokens(llm, list(ctx.batches[0].rows[0]), ctx.max_new_tokens, ())
 
   return PreparedRow("llama_cpp_greedy", run_batch, warmup,
                      extra={"weights": str(path), "engine": "llama.cpp",
