@@ -51,3 +51,30 @@ def right_pad(rows: list[list[int]], bucket: int = 32) -> tuple[np.ndarray, np.n
   for i, r in enumerate(rows):
     out[i, :len(r)] = r
   return out, lengths
+
+
+def text_stream(tokenizer, row: int = 0, out=None):
+  """A TokenStream that prints row `row`'s text to `out` (stdout) as its tokens arrive.
+
+  The whole answer is re-decoded at each delivery and only the new suffix printed: byte-level
+  BPE splits characters across tokens, so a token alone may not decode. A suffix ending in an
+  incomplete character (U+FFFD) waits for the next delivery.
+  """
+  from asd_jax.token_stream import TokenStream
+
+  tokens: list[int] = []
+  shown = [0]
+
+  def on_tokens(r: int, new: list[int]) -> None:
+    if r != row:
+      return
+    tokens.extend(new)
+    text = tokenizer.decode(tokens, skip_special_tokens=True)
+    if text.endswith("\ufffd"):
+      return
+    stream = out or sys.stdout
+    stream.write(text[shown[0]:])
+    stream.flush()
+    shown[0] = len(text)
+
+  return TokenStream(on_tokens)

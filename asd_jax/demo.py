@@ -1,8 +1,10 @@
 """`make demo`: speculative decoding on the real default model (SmolLM2-135M-Instruct, CPU).
 
-Loads the target and the shipped drafter(s), answers a few chat prompts with plain greedy
-decoding, strict speculative decoding (identical text) and ASD (paper preset), and prints the
-answers with tokens/s, tau and the speedup over plain decoding measured in this run.
+Loads the target and the shipped drafter(s), streams the first answer as speculative decoding
+commits it, then answers a few chat prompts with plain greedy decoding, strict speculative
+decoding (identical text) and ASD (paper preset) with the shipped drafter, and strict decoding
+with the model-free n-gram drafter, printing tokens/s, tau and the speedup over plain decoding
+measured in this run.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import jax
 import numpy as np
 
 from asd_jax.asd_config import PAPER
-from asd_jax.cli_common import enable_compilation_cache, right_pad
+from asd_jax.cli_common import enable_compilation_cache, right_pad, text_stream
 from asd_jax.plain_decode import plain_decode
 from asd_jax.spec_decode import asd_decode
 from asd_jax.tree_decode import asd_tree_decode
@@ -25,6 +27,8 @@ PROMPTS = (
 )
 MAX_NEW = 96
 DRAFTERS = ("smollm2-135m-standalone", "smollm2-135m-eagle3")  # best measured tau first
+NGRAM = ("ngram", 3)  # the model-free drafter and its K
+STREAMED = 1  # the prompt whose answer is streamed (a long one)
 
 
 def _timed(fn):
@@ -51,10 +55,20 @@ def main() -> None:
   # K=2: the cost model of the standalone drafter (scripts/distill_standalone_drafter.py) favours it.
   setup = setup_drafter(draft, target, k=2) if draft else None
   if setup is None:
-    print("no shipped drafter found; showing plain decoding only")
-  print("(each configuration is compiled once first; timings exclude compilation)")
+    print("no shipped drafter found; the n-gram drafter only")
+  ngram = setup_drafter(NGRAM[0], target, k=NGRAM[1])
   from models.lm_fns import decoder_fns
   plain_fns, plain_params = decoder_fns(target.model)  # no hidden states: the honest baseline
+
+  streamer = setup or ngram
+  print(f"\n>>> {PROMPTS[STREAMED]}  (streamed as strict speculative decoding with "
+        f"{draft or NGRAM[0]} commits it; includes compilation)")
+  prompt, lengths = right_pad([encode_chat(tokenizer, PROMPTS[STREAMED])], bucket=64)
+  decode = asd_tree_decode if streamer.engine == "tree" else asd_decode
+  decode(streamer.target_fns, streamer.target_params, streamer.drafter, streamer.params, prompt,
+         lengths, max_new_tokens=MAX_NEW, rule="strict", eos_ids=eos,
+         stream=text_stream(tokenizer))
+  print("\n\n(now each configuration is compiled once first; timings exclude compilation)")
 
   for prompt_text in PROMPTS:
     prompt, lengths = right_pad([encode_chat(tokenizer, prompt_text)], bucket=64)
@@ -64,22 +78,24 @@ def main() -> None:
     n = int(plain.num_generated_B[0])
     text = tokenizer.decode(np.asarray(plain.tokens_BxN[0, :n]).tolist(), skip_special_tokens=True)
     print(f"\n>>> {prompt_text}\n{text}")
-    print(f"  plain   {n / plain_s:6.1f} tok/s")
-    if setup is None:
-      continue
-    decode = asd_tree_decode if setup.engine == "tree" else asd_decode
-    for rule in ("strict", "asd"):
-      out, dt = _timed(lambda: decode(setup.target_fns, setup.target_params, setup.drafter,
-                                      setup.params, prompt, lengths, max_new_tokens=MAX_NEW,
-                                      rule=rule, asd_config=PAPER, eos_ids=eos))
+    print(f"  plain          {n / plain_s:6.1f} tok/s")
+    runs = [("strict", setup, "strict"), ("asd", setup, "asd")] if setup else []
+    runs.append(("ngram strict", ngram, "strict"))
+    for label, s, rule in runs:
+      decode = asd_tree_decode if s.engine == "tree" else asd_decode
+      out, dt = _timed(lambda: decode(s.target_fns, s.target_params, s.drafter, s.params,
+                                      prompt, lengths, max_new_tokens=MAX_NEW, rule=rule,
+                                      asd_config=PAPER, eos_ids=eos))
       m = int(out.num_generated_B[0])
       same = np.array_equal(np.asarray(out.tokens_BxN[0, :m]), np.asarray(plain.tokens_BxN[0, :n]))
       summary = out.stats.summary()
-      print(f"  {rule:7s} {m / dt:6.1f} tok/s  tau {summary['tau']:.2f}  "
+      print(f"  {label:12s}   {m / dt:6.1f} tok/s  tau {summary['tau']:.2f}  "
             f"speedup {(m / dt) / (n / plain_s):.2f}x  same text as plain: {same}"
             + (f"  exceptions {summary['asd_exceptions'][0]}" if rule == "asd" else ""))
-  print(f"\ndrafter: {draft} ({setup.kind}, {setup.engine}); ASD preset: budget "
-        f"{PAPER.budget}, gate {PAPER.gate}, max exceptions {PAPER.max_exceptions}" if setup else "")
+  if setup:
+    print(f"\ndrafter: {draft} ({setup.kind}, {setup.engine}, K=2); ASD preset: budget "
+          f"{PAPER.budget}, gate {PAPER.gate}, max exceptions {PAPER.max_exceptions}")
+  print(f"n-gram drafter: {NGRAM[0]} (n = 3 down to 1, K={NGRAM[1]}), no model")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ Examples:
   python -m asd_jax.generate --prompt "..." --draft smollm2-135m-standalone --rule asd --k 4
   python -m asd_jax.generate --prompt "..." --draft self --rule strict      # self-draft check
   python -m asd_jax.generate --prompt "..." --draft DIR --tree 4,4,16 --rule asd
+  python -m asd_jax.generate --prompt "..." --draft ngram --k 3 --stream   # print as it goes
 
 Without --draft: plain decoding. With --draft: --rule strict (default; output == plain greedy),
 asd (--budget/--gate/--max-exceptions, greedy only) or sample (lossless, uses --temperature).
@@ -20,7 +21,8 @@ import time
 import jax
 import numpy as np
 
-from asd_jax.cli_common import enable_compilation_cache, parse_prompt_ids, right_pad, run_cli
+from asd_jax.cli_common import (enable_compilation_cache, parse_prompt_ids, right_pad, run_cli,
+                                text_stream)
 from asd_jax.asd_config import PAPER, ASDConfig
 from asd_jax.plain_decode import plain_decode
 from asd_jax.sampling import SamplingConfig
@@ -46,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                  help="parameter/activation dtype (float32 on CPU, bfloat16 on TPU/GPU)")
   p.add_argument("--json", action="store_true", help="print one JSON object")
+  p.add_argument("--stream", action="store_true",
+                 help="print the answer as it is generated (tokens/s then include the printing)")
   spec = p.add_argument_group("speculative decoding")
   spec.add_argument("--draft", help="drafter: a known name, a drafter folder, 'ngram' / "
                     "'ngram:MAX' / 'ngram:MIN-MAX' (model-free n-gram lookup in the prompt and "
@@ -80,6 +84,8 @@ def main(argv=None):
     raise ValueError(f"--rule {args.rule} needs a drafter: pass --draft")
   if args.k <= 0:
     raise ValueError(f"--k must be a positive integer, got {args.k}")
+  if args.stream and args.json:
+    raise ValueError("--stream prints text as it arrives; it cannot be combined with --json")
   asd_config = ASDConfig(budget=args.budget, gate=args.gate,
                          max_exceptions=args.max_exceptions, normalize_q=args.normalize_q)
   tree = TreeShape.parse(args.tree) if args.tree else None
@@ -98,12 +104,13 @@ def main(argv=None):
   eos = () if args.ignore_eos else eos_token_ids(tokenizer, loaded.hf_config)
   fns, params = decoder_fns(loaded.model, name=args.target)
   prompt, lengths = right_pad([ids])
+  stream = text_stream(tokenizer) if args.stream else None
 
   if args.draft is None:
     t0 = time.perf_counter()
     result = jax.block_until_ready(plain_decode(
         fns, params, prompt, lengths, max_new_tokens=args.max_new_tokens, eos_ids=eos,
-        sampling=sampling, seed=args.seed))
+        sampling=sampling, seed=args.seed, stream=stream))
     wall_s = time.perf_counter() - t0
     stats = {"mode": "plain", "target_forwards": int(result.target_forwards_B[0]), "tau": 1.0}
   else:
@@ -116,7 +123,7 @@ def main(argv=None):
     result = jax.block_until_ready(decode(
         setup.target_fns, setup.target_params, setup.drafter, setup.params, prompt, lengths,
         max_new_tokens=args.max_new_tokens, rule=rule, asd_config=asd_config,
-        sampling=sampling, eos_ids=eos, seed=args.seed))
+        sampling=sampling, eos_ids=eos, seed=args.seed, stream=stream))
     wall_s = time.perf_counter() - t0
     summary = result.stats.summary()
     stats = {"mode": "speculative", "rule": rule, "k": args.k, "draft": args.draft,
@@ -147,7 +154,7 @@ def main(argv=None):
   if args.json:
     print(json.dumps({"tokens": tokens, "text": text, "stats": stats}))
   else:
-    print(text)
+    print("" if args.stream else text)
     print(f"\n[{n} tokens in {wall_s:.2f} s ({n / wall_s:.1f} tok/s incl. compile), "
           f"load {load_s:.2f} s]")
 

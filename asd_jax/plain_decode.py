@@ -19,6 +19,7 @@ from asd_jax import request_checks
 from asd_jax.lm_api import LanguageModelFns
 from asd_jax.sampling import SamplingConfig, select_token
 from asd_jax.sampling_keys import row_keys, split_keys
+from asd_jax.token_stream import TokenStream, emit
 
 CAPACITY_BUCKET = 64
 
@@ -52,7 +53,8 @@ class _LoopState:
   rng: jax.Array
 
 
-def _emit(state: _LoopState, logits_BxV, rng, max_new_B, eos_ids, sampling) -> _LoopState:
+def _emit(state: _LoopState, logits_BxV, rng, max_new_B, eos_ids, sampling,
+          stream: TokenStream | None) -> _LoopState:
   finite_B = jnp.isfinite(logits_BxV).all(axis=-1)
   token_B = select_token(logits_BxV, rng, sampling)
   write_B = ~state.done_B & finite_B
@@ -63,16 +65,17 @@ def _emit(state: _LoopState, logits_BxV, rng, max_new_B, eos_ids, sampling) -> _
   is_eos_B = jnp.isin(token_B, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else False
   nonfinite_B = state.nonfinite_B | (~state.done_B & ~finite_B)
   done_B = state.done_B | nonfinite_B | (write_B & is_eos_B) | (num_generated_B >= max_new_B)
+  emit(stream, tokens_BxN, state.num_generated_B, num_generated_B)
   return state.replace(tokens_BxN=tokens_BxN, num_generated_B=num_generated_B, done_B=done_B,
                        nonfinite_B=nonfinite_B,
                        forwards_B=state.forwards_B + (~state.done_B).astype(jnp.int32))
 
 
 @functools.partial(jax.jit, static_argnames=("fns", "max_new_tokens", "capacity", "eos_ids",
-                                             "sampling"))
+                                             "sampling", "stream"))
 def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_B, rng, *,
                   max_new_tokens: int, capacity: int, eos_ids: tuple[int, ...],
-                  sampling: SamplingConfig) -> DecodeResult:
+                  sampling: SamplingConfig, stream: TokenStream | None) -> DecodeResult:
   b = prompt_BxT.shape[0]
   cache = fns.init_cache(b, capacity)
   logits_BxV, _, cache = fns.prefill(params, prompt_BxT, lengths_B, cache)
@@ -85,7 +88,7 @@ def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_
       nonfinite_B=jnp.zeros((b,), bool),
       forwards_B=jnp.zeros((b,), jnp.int32),
       cache=cache, rng=rng)
-  state = _emit(state, logits_BxV, sub, max_new_B, eos_ids, sampling)
+  state = _emit(state, logits_BxV, sub, max_new_B, eos_ids, sampling, stream)
 
   def cond(s: _LoopState):
     return (s.step < max_new_tokens - 1) & ~jnp.all(s.done_B)
@@ -99,7 +102,7 @@ def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_
                                          position_B[:, None], s.cache)
     rng, sub = split_keys(s.rng, 2)
     s = s.replace(step=s.step + 1, cache=cache, rng=rng)
-    return _emit(s, logits_Bx1xV[:, 0], sub, max_new_B, eos_ids, sampling)
+    return _emit(s, logits_Bx1xV[:, 0], sub, max_new_B, eos_ids, sampling, stream)
 
   state = jax.lax.while_loop(cond, body, state)
   return DecodeResult(tokens_BxN=state.tokens_BxN, num_generated_B=state.num_generated_B,
@@ -108,7 +111,8 @@ def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_
 
 def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_new_tokens: int,
                  eos_ids=(), sampling: SamplingConfig = SamplingConfig(), seed: int = 0,
-                 max_new_B=None, capacity: int | None = None) -> DecodeResult:
+                 max_new_B=None, capacity: int | None = None,
+                 stream: TokenStream | None = None) -> DecodeResult:
   """Generates up to `max_new_tokens` tokens per row (jitted, on device).
 
   Args:
@@ -120,6 +124,7 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
       (asd_jax.sampling_keys.row_keys), so a row's output does not depend on its batch.
     capacity: KV-cache slots per row (static); default: prompt width + max_new_tokens rounded
       up to a multiple of 64, so nearby request sizes share one compiled program.
+    stream: a TokenStream to receive each row's tokens on the host as they are generated.
   """
   prompt, lengths = request_checks.check_prompts(prompt_BxT, lengths_B, fns.vocab_size)
   max_new_tokens = request_checks.check_positive_int("max_new_tokens", max_new_tokens)
@@ -136,4 +141,4 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
   return _plain_decode(fns, params, jnp.asarray(prompt), jnp.asarray(lengths),
                        jnp.asarray(max_new_B), row_keys(seed, prompt.shape[0]),
                        max_new_tokens=max_new_tokens, capacity=int(capacity), eos_ids=eos_ids,
-                       sampling=sampling)
+                       sampling=sampling, stream=stream)

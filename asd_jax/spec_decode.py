@@ -33,6 +33,7 @@ from asd_jax.plain_decode import CAPACITY_BUCKET
 from asd_jax.sampling import SamplingConfig, select_token
 from asd_jax.sampling_keys import row_keys, split_keys
 from asd_jax.spec_sampling import speculative_sample
+from asd_jax.token_stream import TokenStream, emit
 
 RULES = ("strict", "asd", "sample")
 
@@ -64,7 +65,8 @@ class _RoundState:
   history_BxS: jax.Array  # token at each position (tree drafters re-read it); [B, 0] for chains
 
 
-def _commit(state: _RoundState, draft_BxK, verdict, max_new_B, eos_ids) -> _RoundState:
+def _commit(state: _RoundState, draft_BxK, verdict, max_new_B, eos_ids,
+            stream: TokenStream | None = None) -> _RoundState:
   """Appends x_{<a} + next_token to each active row; EOS and max_new_B truncate."""
   b, k = draft_BxK.shape
   active_B = ~state.done_B & ~verdict.nonfinite
@@ -113,6 +115,7 @@ def _commit(state: _RoundState, draft_BxK, verdict, max_new_B, eos_ids) -> _Roun
   )
   nonfinite_B = state.nonfinite_B | (live_B & verdict.nonfinite)
   done_B = state.done_B | nonfinite_B | (active_B & hit_B) | (num_generated_B >= max_new_B)
+  emit(stream, tokens_BxW, state.num_generated_B, num_generated_B)
   return state.replace(tokens_BxW=tokens_BxW, num_generated_B=num_generated_B,
                        committed_B=committed_B, recent_Bx2=recent_Bx2, done_B=done_B,
                        nonfinite_B=nonfinite_B, stats=stats, history_BxS=history_BxS)
@@ -135,7 +138,8 @@ def _verify(rule, draft_BxK, draft_logits, target_logits_BxK1xV, spent_B, asd_sc
 
 
 def initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampling, eos_ids, *,
-                  max_new_tokens, depth, target_cache, drafter_state, history_width):
+                  max_new_tokens, depth, target_cache, drafter_state, history_width,
+                  stream: TokenStream | None = None):
   """Loop state after prefill: the first token (from the prefill logits) is committed."""
   b = prompt_BxT.shape[0]
   rng, sub = split_keys(rng, 2)
@@ -146,6 +150,7 @@ def initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampl
   emit_B = first_ok_B & (max_new_B > 0)
   tokens_BxW = jnp.full((b, width), -1, jnp.int32).at[:, 0].set(jnp.where(emit_B, first_B, -1))
   num_generated_B = emit_B.astype(jnp.int32)
+  emit(stream, tokens_BxW, jnp.zeros_like(num_generated_B), num_generated_B)
   first_eos_B = jnp.isin(first_B, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else False
   history_BxS = jnp.zeros((b, history_width), jnp.int32)
   if history_width:
@@ -177,11 +182,11 @@ def finish(state: _RoundState, max_new_tokens: int) -> SpecDecodeResult:
 
 @functools.partial(jax.jit, static_argnames=(
     "target", "drafter", "rule", "sampling", "normalize_q", "max_new_tokens", "capacity",
-    "eos_ids"))
+    "eos_ids", "stream"))
 def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, drafter_params,
                 prompt_BxT, lengths_B, max_new_B, asd_scalars, rng, *, rule: str,
                 sampling: SamplingConfig, normalize_q: bool, max_new_tokens: int, capacity: int,
-                eos_ids: tuple[int, ...]) -> SpecDecodeResult:
+                eos_ids: tuple[int, ...], stream: TokenStream | None) -> SpecDecodeResult:
   b = prompt_BxT.shape[0]
   k = drafter.num_draft
   target_cache = target.init_cache(b, capacity)
@@ -191,7 +196,7 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
   state = initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampling,
                         eos_ids, max_new_tokens=max_new_tokens, depth=k,
                         target_cache=target_cache, drafter_state=drafter_state,
-                        history_width=0)
+                        history_width=0, stream=stream)
 
   def cond(s: _RoundState):
     # Every active row commits >= 1 token per round, so max_new_tokens rounds always suffice.
@@ -210,7 +215,7 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
                       asd_scalars, k_verify, sampling, normalize_q)
     s = s.replace(round=s.round + 1, target_cache=target_cache, drafter_state=drafter_state,
                   rng=rng)
-    return _commit(s, draft_BxK, verdict, max_new_B, eos_ids)
+    return _commit(s, draft_BxK, verdict, max_new_B, eos_ids, stream)
 
   state = jax.lax.while_loop(cond, body, state)
   return finish(state, max_new_tokens)
@@ -225,7 +230,8 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
                prompt_BxT, lengths_B, *, max_new_tokens: int, rule: str = "strict",
                asd_config: ASDConfig = ASDConfig(budget=8.0, gate=0.25, max_exceptions=2),
                sampling: SamplingConfig = SamplingConfig(), eos_ids=(), seed: int = 0,
-               max_new_B=None, capacity: int | None = None) -> SpecDecodeResult:
+               max_new_B=None, capacity: int | None = None,
+               stream: TokenStream | None = None) -> SpecDecodeResult:
   """Speculative decoding with chain drafting (jitted; one call per batch of requests).
 
   Args:
@@ -241,6 +247,7 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
       from its own key, so with per-request seeds a sampled row equals the same request run
       alone with its seed, whatever else is in the batch.
     capacity: cache slots per row (static); default: required_capacity rounded up to 64.
+    stream: a TokenStream to receive each row's committed tokens on the host, round by round.
 
   Returns:
     SpecDecodeResult with tokens, lengths, non-finite flags and DecodeStats. Non-finite
@@ -258,7 +265,7 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
   return _asd_decode(target, target_params, drafter, drafter_params, *req.arrays,
                      rule=rule, sampling=sampling, normalize_q=asd_config.normalize_q,
                      max_new_tokens=req.max_new_tokens, capacity=req.capacity,
-                     eos_ids=req.eos_ids)
+                     eos_ids=req.eos_ids, stream=stream)
 
 
 @dataclasses.dataclass(frozen=True)

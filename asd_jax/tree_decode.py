@@ -25,6 +25,7 @@ from asd_jax.sampling_keys import split_keys
 from asd_jax.spec_decode import (SpecDecodeResult, _commit, _RoundState, finish, initial_state,
                                  prepare_request)
 from asd_jax.spec_sampling import tree_speculative_sample
+from asd_jax.token_stream import TokenStream
 from asd_jax.tree_verify import tree_asd_verify_traced, tree_greedy_verify, tree_paths
 
 
@@ -76,11 +77,12 @@ def _verify_tree(rule, tokens, parents, draft_logits, target_logits, spent_B, as
 
 @functools.partial(jax.jit, static_argnames=(
     "target", "drafter", "rule", "sampling", "normalize_q", "max_new_tokens", "capacity",
-    "eos_ids"))
+    "eos_ids", "stream"))
 def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, drafter_params,
                  prompt_BxT, lengths_B, max_new_B, asd_scalars, rng, *, rule: str,
                  sampling: SamplingConfig, normalize_q: bool, max_new_tokens: int,
-                 capacity: int, eos_ids: tuple[int, ...]) -> SpecDecodeResult:
+                 capacity: int, eos_ids: tuple[int, ...],
+                 stream: TokenStream | None) -> SpecDecodeResult:
   b = prompt_BxT.shape[0]
   depth = drafter.shape.depth
   window = drafter.shape.window
@@ -98,7 +100,7 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
   state = initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampling,
                         eos_ids, max_new_tokens=max_new_tokens, depth=depth,
                         target_cache=target_cache, drafter_state=drafter_state,
-                        history_width=capacity)
+                        history_width=capacity, stream=stream)
 
   def cond(s: _RoundState):
     return ~jnp.all(s.done_B) & (s.round < max_new_tokens)
@@ -146,7 +148,7 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
           jnp.take_along_axis(new_BxTxF, rows_BxD1[:, :, None], axis=1), mode="drop")
     s = s.replace(round=s.round + 1, target_cache=target_cache,
                   drafter_state=(drafter_state, features_BxSxF), rng=rng)
-    return _commit(s, path_tokens_BxD, verdict, max_new_B, eos_ids)
+    return _commit(s, path_tokens_BxD, verdict, max_new_B, eos_ids, stream)
 
   state = jax.lax.while_loop(cond, body, state)
   return finish(state, max_new_tokens)
@@ -157,7 +159,8 @@ def asd_tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafte
                     rule: str = "strict",
                     asd_config: ASDConfig = ASDConfig(budget=8.0, gate=0.25, max_exceptions=2),
                     sampling: SamplingConfig = SamplingConfig(), eos_ids=(), seed: int = 0,
-                    max_new_B=None, capacity: int | None = None) -> SpecDecodeResult:
+                    max_new_B=None, capacity: int | None = None,
+                    stream: TokenStream | None = None) -> SpecDecodeResult:
   """Tree speculative decoding; the same contract and guarantees as `asd_decode`.
 
   strict (and asd at budget 0) give exactly the target's greedy output; sample is lossless
@@ -179,4 +182,4 @@ def asd_tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafte
   return _tree_decode(target, target_params, drafter, drafter_params, *req.arrays, rule=rule,
                       sampling=sampling, normalize_q=asd_config.normalize_q,
                       max_new_tokens=req.max_new_tokens, capacity=req.capacity,
-                      eos_ids=req.eos_ids)
+                      eos_ids=req.eos_ids, stream=stream)

@@ -13,6 +13,7 @@ from asd_jax.generate import main
     (["--prompt", "hi", "--max-new-tokens", "0"], "--max-new-tokens must be positive"),
     (["--prompt", "hi", "--temperature", "-1"], "temperature"),
     (["--prompt", "hi", "--top-p", "0"], "top_p"),
+    (["--prompt", "hi", "--stream", "--json"], "cannot be combined with --json"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
   with pytest.raises(SystemExit) as e:

@@ -1,0 +1,45 @@
+"""Streaming: newly committed tokens reach the host while the jitted decode loop is running.
+
+The engines run a whole request as one `lax.while_loop`, so streaming is an ordered host
+callback at each commit (prefill's first token, then every step or round) carrying the output
+buffer and each row's generated count before and after. Without a stream nothing is traced,
+so the non-streaming program is unchanged. The callback blocks the loop while it runs: keep
+`on_tokens` cheap (print, queue.put).
+
+Shape notation: B rows, W output buffer width.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TokenStream:
+  """on_tokens(row, tokens): called on the host, in order, with the tokens `row` just
+  committed (a list of ints; EOS included when hit, exactly the tokens the result holds).
+
+  A static jit argument that hashes by identity: reuse one TokenStream to reuse the compiled
+  program (a new one compiles again).
+  """
+
+  on_tokens: Callable[[int, list[int]], None]
+
+  def _deliver(self, tokens_BxW, before_B, after_B) -> None:
+    tokens_BxW, before_B, after_B = (np.asarray(x) for x in (tokens_BxW, before_B, after_B))
+    for row in np.flatnonzero(after_B > before_B):
+      self.on_tokens(int(row), tokens_BxW[row, before_B[row]:after_B[row]].tolist())
+
+
+def emit(stream: TokenStream | None, tokens_BxW: jax.Array, before_B: jax.Array,
+         after_B: jax.Array) -> None:
+  """Inside a jitted loop: sends rows' tokens [before_B, after_B) to `stream` (None: no-op)."""
+  if stream is None:
+    return
+  if not isinstance(stream, TokenStream):
+    raise TypeError(f"stream must be a TokenStream, got {type(stream).__name__}")
+  jax.debug.callback(stream._deliver, tokens_BxW, before_B, after_B, ordered=True)
