@@ -10,11 +10,14 @@ from asd_jax.decode_stats import DecodeStats
 from asd_jax.drafter_api import ChainDrafter, lm_chain_drafter
 from asd_jax.greedy_verify import greedy_verify
 from asd_jax.lm_api import LanguageModelFns
+from asd_jax.ngram_drafter import ngram_drafter
 from asd_jax.plain_decode import DecodeResult, plain_decode
 from asd_jax.sampling import SamplingConfig
 from asd_jax.spec_decode import SpecDecodeResult, asd_decode
 from asd_jax.spec_sampling import (apply_sampling_filters, speculative_sample,
                                    tree_speculative_sample)
+from asd_jax.token_stream import TokenStream
+from asd_jax.tree_decode import asd_tree_decode
 from asd_jax.tree_verify import tree_asd_verify, tree_greedy_verify
 from asd_jax.typical_acceptance import typical_verify
 from asd_jax.verify_output import NONFINITE_TOKEN, TreeVerifyOutput, VerifyOutput
@@ -26,6 +29,7 @@ __all__ = [
     "speculative_sample", "tree_speculative_sample", "apply_sampling_filters",
     "VerifyOutput", "TreeVerifyOutput", "NONFINITE_TOKEN",
     "calibrate_asd", "first_rejection_ratios",
-    "LanguageModelFns", "ChainDrafter", "lm_chain_drafter", "SamplingConfig",
-    "plain_decode", "DecodeResult", "asd_decode", "SpecDecodeResult", "DecodeStats",
+    "LanguageModelFns", "ChainDrafter", "lm_chain_drafter", "ngram_drafter", "SamplingConfig",
+    "plain_decode", "DecodeResult", "asd_decode", "asd_tree_decode", "SpecDecodeResult",
+    "DecodeStats", "TokenStream",
 ]
