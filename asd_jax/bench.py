@@ -85,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
                  "optional llama-cpp-python; a GGUF target)")
   spec = p.add_argument_group("--mode spec")
   spec.add_argument("--draft", default="smollm2-135m-standalone",
-                    help="comma-separated drafters (names, folders, 'ngram[:MIN-MAX]' or 'self')")
+                    help="comma-separated drafters (names, folders, 'ngram[:MIN-MAX]' or "
+                    "'self'), each optionally NAME@K for its own chain length")
   spec.add_argument("--k", type=int, default=4, help="chain block length K (default 4)")
   spec.add_argument("--tree", help="DEPTH,TOPK,NODES: also run tree rows")
   spec.add_argument("--no-chain", action="store_true", help="tree rows only")
@@ -144,23 +145,47 @@ def spec_runners(args, calibrated=None) -> dict[str, RowRunner]:
     raise ValueError("--no-chain needs --tree")
   sweep = [budget_preset(b) for b in parse_budgets(args.asd_budgets)]
   runners = {}
-  for draft in drafts(args):
+  first = drafts(args)[0]
+  for draft, k in drafts(args):
     for shape in shapes:
       for rule in ("strict", "asd"):
-        runners[row_name(draft, shape, args.k, rule, "paper")] = spec_row(
-            draft, k=args.k, tree=shape, rule=rule)
-      first_chain = shape is shapes[0] and draft == drafts(args)[0]
+        runners[row_name(draft, shape, k, rule, "paper")] = spec_row(
+            draft, k=k, tree=shape, rule=rule)
+      first_chain = shape is shapes[0] and (draft, k) == first
       presets = list(sweep) if first_chain else []
-      if calibrated is not None and shape is None and draft == drafts(args)[0]:
+      if calibrated is not None and shape is None and (draft, k) == first:
         presets.insert(0, ("calibrated", calibrated))
       for preset, cfg in presets:
-        runners[row_name(draft, shape, args.k, "asd", preset)] = spec_row(
-            draft, k=args.k, tree=shape, rule="asd", asd_config=cfg, preset=preset)
+        runners[row_name(draft, shape, k, "asd", preset)] = spec_row(
+            draft, k=k, tree=shape, rule="asd", asd_config=cfg, preset=preset)
   return runners
 
 
-def drafts(args) -> list[str]:
-  return [d for d in args.draft.split(",") if d]
+def drafts(args) -> list[tuple[str, int]]:
+  """(drafter, K) per comma-separated --draft entry; 'NAME@K' overrides --k for that one."""
+  out = []
+  for entry in (d for d in args.draft.split(",") if d):
+    name, _, k = entry.partition("@")
+    try:
+      k = int(k) if k else args.k
+    except ValueError:
+      raise ValueError(f"--draft {entry!r}: the part after '@' must be K, an integer") from None
+    if k <= 0:
+      raise ValueError(f"--draft {entry!r}: K must be positive, got {k}")
+    out.append((name, k))
+  if not out:
+    raise ValueError("--draft names no drafter")
+  return out
+
+
+def _first_standalone(args) -> str:
+  """The drafter transformers' assisted generation runs: the first standalone LM drafter."""
+  from models.drafter_setup import infer_kind
+  for name, _ in drafts(args):
+    if infer_kind(name) == "standalone" and name != "self":
+      return name
+  raise ValueError("--assisted needs a standalone LM drafter in --draft (transformers "
+                   "assistant models are whole LMs); add one or pass --no-assisted")
 
 
 def _check_args(args) -> tuple[str, ...]:
@@ -173,6 +198,8 @@ def _check_args(args) -> tuple[str, ...]:
                       ("--batch-size", args.batch_size), ("--repeats", args.repeats)):
     if value <= 0:
       raise ValueError(f"{flag} must be positive, got {value}")
+  if args.mode in ("spec", "suite"):
+    drafts(args)  # a malformed --draft fails before the model loads
   return suites
 
 
@@ -221,14 +248,14 @@ def main(argv=None):
   if args.mode in ("spec", "suite"):
     if args.calibrate_prompts:
       calibrated, calibration = bench_suite.calibrate_for_bench(
-          ctx, drafts(args)[0], args.k, suites, args.num_prompts, args.calibrate_prompts,
+          ctx, *drafts(args)[0], suites, args.num_prompts, args.calibrate_prompts,
           args.max_new_tokens, args.calibration_source)
       print(f"calibrated ASD preset (frozen): budget = gate = {calibrated.budget:.4g}, "
             f"max_exceptions {calibrated.max_exceptions}, normalize_q "
             f"{calibrated.normalize_q} ({calibration['rounds']} rounds)", file=sys.stderr)
     if args.assisted:
       from asd_jax.bench_assisted import transformers_assisted_greedy
-      assisted = transformers_assisted_greedy(drafts(args)[0])
+      assisted = transformers_assisted_greedy(_first_standalone(args))
       runners["assisted"] = assisted
     extra = spec_runners(args, calibrated)
     runners.update(extra)

@@ -38,6 +38,15 @@ def test_bad_budget_flag_is_a_one_line_error(capsys):
   assert e.value.code == 2 and "--asd-budgets" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("draft,message", [("ngram@x", "must be K, an integer"),
+                                           ("ngram@0", "K must be positive"),
+                                           (",", "names no drafter")])
+def test_bad_draft_entries_are_one_line_errors(draft, message, capsys):
+  with pytest.raises(SystemExit) as e:
+    bench.main(["--mode", "spec", "--draft", draft])
+  assert e.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_accepted_histogram_from_per_position_counts():
   # 10 rounds; >=1 accepted in 6, >=2 in 3, >=3 in 1  ->  exactly 0,1,2,3: 4,3,2,1
   assert bench_report.accepted_histogram(10, [6, 3, 1]) == [4, 3, 2, 1]
@@ -217,8 +226,8 @@ def test_drafter_export_for_transformers_is_the_same_model_and_cached(tiny_targe
 def test_suite_end_to_end_on_a_tiny_pair(tiny_target, tiny_drafter, tmp_path, capsys):  # noqa: F811
   pytest.importorskip("transformers")
   out = tmp_path / "suite.json"
-  bench.main(["--mode", "suite", "--target", str(tiny_target), "--draft", str(tiny_drafter),
-              "--k", "2", "--num-prompts", "2", "--max-new-tokens", "6", "--asd-budgets",
+  bench.main(["--mode", "suite", "--target", str(tiny_target), "--draft",
+              f"{tiny_drafter},ngram@3", "--k", "2", "--num-prompts", "2", "--max-new-tokens", "6", "--asd-budgets",
               "0,4", "--calibrate-prompts", "2", "--quality-max-new-tokens", "8",
               "--json", str(out)])
   assert "gain_vs_strict" in capsys.readouterr().out
@@ -227,8 +236,10 @@ def test_suite_end_to_end_on_a_tiny_pair(tiny_target, tiny_drafter, tmp_path, ca
   d = str(tiny_drafter)   # spec rows are named after the --draft value
   expected = ["ours_plain_greedy", "transformers_generate_greedy",
               f"transformers_assisted_{tiny_drafter.name}", f"{d}_chain_k2_strict", f"{d}_chain_k2_asd_paper",
-              f"{d}_chain_k2_asd_calibrated", f"{d}_chain_k2_asd_b0", f"{d}_chain_k2_asd_b4"]
+              f"{d}_chain_k2_asd_calibrated", f"{d}_chain_k2_asd_b0", f"{d}_chain_k2_asd_b4",
+              "ngram_chain_k3_strict", "ngram_chain_k3_asd_paper"]   # NAME@K: its own K
   assert list(rows) == expected
+  assert rows["ngram_chain_k3_strict"]["differs_from_strict"] == 0.0
   for row in rows.values():   # fixed workload: every row generates exactly 6 tokens per prompt
     assert row["prompts"] == 4 and row["new_tokens"] == 24
   cfg = report["config"]
@@ -237,7 +248,8 @@ def test_suite_end_to_end_on_a_tiny_pair(tiny_target, tiny_drafter, tmp_path, ca
     assert ids and not set(ids) & set(cfg["prompt_ids"][suite])   # disjoint from the eval
   assert rows[f"{d}_chain_k2_asd_calibrated"]["asd_config"]["budget"] == calib["budget"]
   assert [t["asd_row"] for t in cfg["protocol"]] == [f"{d}_chain_k2_asd_paper",
-                                                     f"{d}_chain_k2_asd_calibrated"]
+                                                     f"{d}_chain_k2_asd_calibrated",
+                                                     "ngram_chain_k3_asd_paper"]
   assert all(len(t["passes"]) == 3 for t in cfg["protocol"])
   asd = rows[f"{d}_chain_k2_asd_paper"]
   assert asd["gain_vs_strict"] is not None and asd["protocol"]["drift_tol"] == 0.03
