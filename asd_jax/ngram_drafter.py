@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from asd_jax.drafter_api import ChainDrafter
+from asd_jax.request_checks import check_positive_int
 from asd_jax.sampling import SamplingConfig
 
 # The draft distribution of a deterministic proposal is one-hot. Rejection sampling divides by
@@ -65,14 +66,11 @@ def lookup_draft(history_BxC: jax.Array, length_B: jax.Array, num_draft: int,
 def ngram_drafter(num_draft: int, vocab_size: int, *, max_ngram: int = 3,
                   min_ngram: int = 1) -> ChainDrafter:
   """A ChainDrafter (no parameters: pass None) proposing K tokens by n-gram lookup."""
-  for name, value in (("max_ngram", max_ngram), ("min_ngram", min_ngram)):
-    if isinstance(value, bool) or int(value) != value or value <= 0:
-      raise ValueError(f"{name} must be a positive integer, got {value!r}")
+  k = check_positive_int("K (draft block length)", num_draft)
+  max_ngram = check_positive_int("max_ngram", max_ngram)
+  min_ngram = check_positive_int("min_ngram", min_ngram)
   if min_ngram > max_ngram:
     raise ValueError(f"min_ngram ({min_ngram}) must be <= max_ngram ({max_ngram})")
-  k = int(num_draft) if not isinstance(num_draft, bool) and int(num_draft) == num_draft else 0
-  if k <= 0:
-    raise ValueError(f"K (draft block length) must be a positive integer, got {num_draft!r}")
 
   def prefill(params, prompt_BxT, lengths_B, capacity):
     del params, lengths_B  # pads past a row's length are overwritten before they are read
@@ -84,7 +82,7 @@ def ngram_drafter(num_draft: int, vocab_size: int, *, max_ngram: int = 3,
     rows_Bx1 = jnp.arange(history_BxC.shape[0])[:, None]
     history_BxC = history_BxC.at[rows_Bx1, positions_Bx2].set(recent_Bx2, mode="drop")
     length_B = positions_Bx2[:, 1] + 1
-    draft_BxK = lookup_draft(history_BxC, length_B, k, int(max_ngram), int(min_ngram))
+    draft_BxK = lookup_draft(history_BxC, length_B, k, max_ngram, min_ngram)
     history_BxC = history_BxC.at[rows_Bx1, length_B[:, None] + jnp.arange(k)[None]].set(
         draft_BxK, mode="drop")
     draft_logits = None
