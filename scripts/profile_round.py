@@ -5,6 +5,10 @@ realistic cache position, for T = 1 (a plain decoding step), K + 1 (a chain veri
 N + 1 (a tree verification), plus the drafters' steps; then the speedup bound each drafting
 setup allows at a given tau:  bound = tau * t(plain step) / (t(verify) + t(drafting)).
 Prints a table and writes JSON (--json). Numbers are ratios from one run; load matters less.
+
+It also times the real decode loops on one --loop-tokens request: ms per plain decoding step
+and per chain round (K = 3) with a drafter that costs nothing (the n-gram drafter, and one
+that always proposes token 0), i.e. what the loop adds to the forwards it runs.
 """
 
 from __future__ import annotations
@@ -28,6 +32,55 @@ def _median_ms(fn, args, reps):
   return statistics.median(times)
 
 
+def loop_ms(fns, params, n: int, reps: int) -> dict[str, tuple[float, float]]:
+  """{loop: (median ms per step or round, tau)} for plain decoding and free chain drafters."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from asd_jax.drafter_api import ChainDrafter
+  from asd_jax.ngram_drafter import ngram_drafter
+  from asd_jax.plain_decode import plain_decode
+  from asd_jax.spec_decode import asd_decode
+
+  k = 3
+  rng = np.random.RandomState(0)
+  prompt = np.zeros((1, 64), np.int32)
+  prompt[0, :60] = rng.randint(100, 5000, 60)
+  lengths = np.array([60], np.int32)
+
+  def zeros_drafter():
+    def propose(params, state, recent_Bx2, positions_Bx2, key, sampling):
+      return jnp.zeros((recent_Bx2.shape[0], k), jnp.int32), None, state
+    return ChainDrafter(prefill=lambda *a: jnp.zeros((), jnp.int32), propose=propose,
+                        num_draft=k, vocab_size=fns.vocab_size, name="zeros")
+
+  def plain():
+    out = plain_decode(fns, params, prompt, lengths, max_new_tokens=n)
+    return out.tokens_BxN, n, n   # (output, steps, tokens those steps produced)
+
+  def chain(drafter):
+    def run():
+      out = asd_decode(fns, params, drafter, None, prompt, lengths, max_new_tokens=n)
+      return out.tokens_BxN, out.stats.rounds_B[0], n - 1  # prefill made the first token
+    return run
+
+  setups = {"plain step": plain, f"chain K={k} round, n-gram drafter": chain(
+      ngram_drafter(k, fns.vocab_size)), f"chain K={k} round, token-0 drafter": chain(
+          zeros_drafter())}
+  times = {name: [] for name in setups}
+  tau = {}
+  for name, run in setups.items():
+    jax.block_until_ready(run())  # compile
+  for _ in range(reps):  # interleaved, so a load change hits every loop alike
+    for name, run in setups.items():
+      t = time.perf_counter()
+      _, steps, made = jax.block_until_ready(run())
+      times[name].append((time.perf_counter() - t) * 1e3 / int(steps))
+      tau[name] = made / int(steps)
+  return {name: (statistics.median(v), tau[name]) for name, v in times.items()}
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--target", default="smollm2-135m")
@@ -36,6 +89,7 @@ def main(argv=None) -> int:
   p.add_argument("--reps", type=int, default=30)
   p.add_argument("--tau", default="1.33,1.29,1.59", help="tau of standalone K=2, EAGLE-3 chain "
                  "K=3, EAGLE-3 tree 4,4,16 (README / docs/vsd measurements)")
+  p.add_argument("--loop-tokens", type=int, default=128, help="tokens per timed decode loop")
   p.add_argument("--json", default="")
   args = p.parse_args(argv)
 
@@ -100,9 +154,15 @@ def main(argv=None) -> int:
     bounds[name] = {"tau": tau, "verify_ms": verify, "draft_ms": draft, "speedup_bound": bound,
                     "tau_needed_for_2x": need}
     print(f"{name:<22} {tau:5.2f} {verify:10.2f} {draft:9.2f} {bound:6.2f} {need:10.2f}")
+  loops = loop_ms(fns, params, args.loop_tokens, args.reps // 10 or 1)
+  print(f"\n{'decode loop':<30} {'ms':>8} {'x plain step':>12} {'tau':>6}")
+  for name, (ms, tau) in loops.items():
+    print(f"{name:<30} {ms:8.2f} {ms / loops['plain step'][0]:12.2f} {tau:6.2f}")
   if args.json:
-    Path(args.json).write_text(json.dumps({"forward_ms": rows, "setups": bounds,
-                                           "args": vars(args)}, indent=1) + "\n")
+    Path(args.json).write_text(json.dumps({
+        "forward_ms": rows, "setups": bounds,
+        "loop_ms": {k: {"ms": v[0], "tau": v[1]} for k, v in loops.items()},
+        "args": vars(args)}, indent=1) + "\n")
   return 0
 
 
