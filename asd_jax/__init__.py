@@ -13,7 +13,8 @@ from asd_jax.lm_api import LanguageModelFns
 from asd_jax.ngram_drafter import ngram_drafter
 from asd_jax.plain_decode import DecodeResult, plain_decode
 from asd_jax.sampling import SamplingConfig
-from asd_jax.spec_decode import SpecDecodeResult, asd_decode
+from asd_jax.decode_rounds import SpecDecodeResult
+from asd_jax.spec_decode import asd_decode
 from asd_jax.spec_sampling import (apply_sampling_filters, speculative_sample,
                                    tree_speculative_sample)
 from asd_jax.token_stream import TokenStream

@@ -7,8 +7,9 @@ prefix plus one target token. Caches are rewound implicitly: slot == position, a
 position pointer only advances by what it committed (see drafter_api for the bookkeeping).
 The ASD regret ledger is one float per request in the loop state, for the whole request.
 
-Shape notation: B rows, T prompt width, K draft block length, V vocab,
-W = max_new_tokens + K + 1 (output buffer with room for one round's overshoot).
+The loop state and its commit step are shared with the tree engine (decode_rounds.py).
+
+Shape notation: B rows, T prompt width, K draft block length, V vocab.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import dataclasses
 import functools
 import math
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,100 +25,18 @@ import numpy as np
 from asd_jax import request_checks
 from asd_jax.asd_config import ASDConfig
 from asd_jax.asd_verify import asd_verify_traced
-from asd_jax.decode_stats import DecodeStats
+from asd_jax.decode_rounds import (RoundState, SpecDecodeResult, commit_round, finish,
+                                   initial_state)
 from asd_jax.drafter_api import ChainDrafter
 from asd_jax.greedy_verify import greedy_verify
 from asd_jax.lm_api import LanguageModelFns
 from asd_jax.plain_decode import CAPACITY_BUCKET
-from asd_jax.sampling import SamplingConfig, select_token
+from asd_jax.sampling import SamplingConfig
 from asd_jax.sampling_keys import row_keys, split_keys
 from asd_jax.spec_sampling import speculative_sample
-from asd_jax.token_stream import TokenStream, emit
+from asd_jax.token_stream import TokenStream
 
 RULES = ("strict", "asd", "sample")
-
-
-@flax.struct.dataclass
-class SpecDecodeResult:
-  """tokens_BxN (-1 past num_generated_B), num_generated_B, nonfinite_B (row stopped on NaN/inf
-  logits without emitting the bad token), stats (DecodeStats)."""
-
-  tokens_BxN: jax.Array
-  num_generated_B: jax.Array
-  nonfinite_B: jax.Array
-  stats: DecodeStats
-
-
-@flax.struct.dataclass
-class _RoundState:
-  round: jax.Array
-  tokens_BxW: jax.Array
-  num_generated_B: jax.Array
-  committed_B: jax.Array  # n: committed length including the prompt
-  recent_Bx2: jax.Array  # committed tokens at positions n-2, n-1
-  done_B: jax.Array
-  nonfinite_B: jax.Array
-  stats: DecodeStats
-  target_cache: object
-  drafter_state: object
-  rng: jax.Array
-  history_BxS: jax.Array  # token at each position (tree drafters re-read it); [B, 0] for chains
-
-
-def _commit(state: _RoundState, draft_BxK, verdict, max_new_B, eos_ids,
-            stream: TokenStream | None = None) -> _RoundState:
-  """Appends x_{<a} + next_token to each active row; EOS and max_new_B truncate."""
-  b, k = draft_BxK.shape
-  active_B = ~state.done_B & ~verdict.nonfinite
-  a_B = verdict.num_accepted
-  j_K1 = jnp.arange(k + 1)
-  block_BxK1 = jnp.concatenate([draft_BxK, jnp.zeros((b, 1), jnp.int32)], axis=1)
-  block_BxK1 = jnp.where(j_K1[None] == a_B[:, None], verdict.next_token[:, None], block_BxK1)
-  in_block_BxK1 = j_K1[None] <= a_B[:, None]
-
-  count_B = a_B + 1
-  if eos_ids:
-    is_eos_BxK1 = in_block_BxK1 & jnp.isin(block_BxK1, jnp.asarray(eos_ids, jnp.int32))
-    hit_B = is_eos_BxK1.any(axis=1)
-    count_B = jnp.where(hit_B, jnp.argmax(is_eos_BxK1, axis=1) + 1, count_B)
-  else:
-    hit_B = jnp.zeros((b,), bool)
-  count_B = jnp.minimum(count_B, max_new_B - state.num_generated_B)
-  count_B = jnp.where(active_B, count_B, 0)
-
-  rows_Bx1 = jnp.arange(b)[:, None]
-  cols_BxK1 = state.num_generated_B[:, None] + j_K1[None]
-  cols_BxK1 = jnp.where(j_K1[None] < count_B[:, None], cols_BxK1, state.tokens_BxW.shape[1])
-  tokens_BxW = state.tokens_BxW.at[rows_Bx1, cols_BxK1].set(block_BxK1, mode="drop")
-  num_generated_B = state.num_generated_B + count_B
-  history_pos_BxK1 = jnp.where(in_block_BxK1 & active_B[:, None],
-                               state.committed_B[:, None] + j_K1[None],
-                               state.history_BxS.shape[1])
-  history_BxS = state.history_BxS.at[rows_Bx1, history_pos_BxK1].set(block_BxK1, mode="drop")
-
-  # The caches hold everything up to the accepted draft; the next round re-feeds the last two.
-  before_last_B = jnp.where(a_B > 0, jnp.take_along_axis(
-      draft_BxK, jnp.maximum(a_B - 1, 0)[:, None], axis=1)[:, 0], state.recent_Bx2[:, 1])
-  recent_Bx2 = jnp.where(active_B[:, None],
-                         jnp.stack([before_last_B, verdict.next_token], axis=1), state.recent_Bx2)
-  committed_B = jnp.where(active_B, state.committed_B + a_B + 1, state.committed_B)
-
-  live_B = ~state.done_B
-  s = state.stats
-  stats = DecodeStats(
-      rounds_B=s.rounds_B + live_B,
-      accepted_B=s.accepted_B + jnp.where(active_B, a_B, 0),
-      accepted_per_position_BxK=s.accepted_per_position_BxK
-      + ((jnp.arange(k)[None] < a_B[:, None]) & active_B[:, None]),
-      asd_exceptions_B=s.asd_exceptions_B + jnp.where(active_B, verdict.num_exceptions, 0),
-      asd_spent_B=jnp.where(active_B, verdict.spent, s.asd_spent_B),
-  )
-  nonfinite_B = state.nonfinite_B | (live_B & verdict.nonfinite)
-  done_B = state.done_B | nonfinite_B | (active_B & hit_B) | (num_generated_B >= max_new_B)
-  emit(stream, tokens_BxW, state.num_generated_B, num_generated_B)
-  return state.replace(tokens_BxW=tokens_BxW, num_generated_B=num_generated_B,
-                       committed_B=committed_B, recent_Bx2=recent_Bx2, done_B=done_B,
-                       nonfinite_B=nonfinite_B, stats=stats, history_BxS=history_BxS)
 
 
 def _verify(rule, draft_BxK, draft_logits, target_logits_BxK1xV, spent_B, asd_scalars, key,
@@ -136,48 +54,6 @@ def _verify(rule, draft_BxK, draft_logits, target_logits_BxK1xV, spent_B, asd_sc
                                top_p=sampling.top_p, check_values=False)
   return verdict._replace(spent=spent_B)
 
-
-def initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampling, eos_ids, *,
-                  max_new_tokens, depth, target_cache, drafter_state, history_width,
-                  stream: TokenStream | None = None):
-  """Loop state after prefill: the first token (from the prefill logits) is committed."""
-  b = prompt_BxT.shape[0]
-  rng, sub = split_keys(rng, 2)
-  first_B = select_token(first_logits_BxV, sub, sampling)
-  first_ok_B = jnp.isfinite(first_logits_BxV).all(axis=-1)
-  last_prompt_B = jnp.take_along_axis(prompt_BxT, (lengths_B - 1)[:, None], axis=1)[:, 0]
-  width = max_new_tokens + depth + 1
-  emit_B = first_ok_B & (max_new_B > 0)
-  tokens_BxW = jnp.full((b, width), -1, jnp.int32).at[:, 0].set(jnp.where(emit_B, first_B, -1))
-  num_generated_B = emit_B.astype(jnp.int32)
-  emit(stream, tokens_BxW, jnp.zeros_like(num_generated_B), num_generated_B)
-  first_eos_B = jnp.isin(first_B, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else False
-  history_BxS = jnp.zeros((b, history_width), jnp.int32)
-  if history_width:
-    t = prompt_BxT.shape[1]
-    history_BxS = history_BxS.at[:, :t].set(prompt_BxT)
-    history_BxS = history_BxS.at[jnp.arange(b), lengths_B].set(first_B)
-  zeros_B = jnp.zeros((b,), jnp.int32)
-  return _RoundState(
-      round=jnp.zeros((), jnp.int32),
-      tokens_BxW=tokens_BxW,
-      num_generated_B=num_generated_B,
-      committed_B=lengths_B + 1,
-      recent_Bx2=jnp.stack([last_prompt_B, first_B], axis=1),
-      done_B=~emit_B | (emit_B & first_eos_B) | (num_generated_B >= max_new_B),
-      nonfinite_B=~first_ok_B,
-      stats=DecodeStats(rounds_B=zeros_B, accepted_B=zeros_B,
-                        accepted_per_position_BxK=jnp.zeros((b, depth), jnp.int32),
-                        asd_exceptions_B=zeros_B, asd_spent_B=jnp.zeros((b,), jnp.float32)),
-      target_cache=target_cache, drafter_state=drafter_state, rng=rng,
-      history_BxS=history_BxS)
-
-
-def finish(state: _RoundState, max_new_tokens: int) -> SpecDecodeResult:
-  keep_BxN = jnp.arange(max_new_tokens)[None] < state.num_generated_B[:, None]
-  tokens_BxN = jnp.where(keep_BxN, state.tokens_BxW[:, :max_new_tokens], -1)
-  return SpecDecodeResult(tokens_BxN=tokens_BxN, num_generated_B=state.num_generated_B,
-                          nonfinite_B=state.nonfinite_B, stats=state.stats)
 
 
 @functools.partial(jax.jit, static_argnames=(
@@ -198,11 +74,11 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
                         target_cache=target_cache, drafter_state=drafter_state,
                         history_width=0, stream=stream)
 
-  def cond(s: _RoundState):
+  def cond(s: RoundState):
     # Every active row commits >= 1 token per round, so max_new_tokens rounds always suffice.
     return ~jnp.all(s.done_B) & (s.round < max_new_tokens)
 
-  def body(s: _RoundState):
+  def body(s: RoundState):
     rng, k_draft, k_verify = split_keys(s.rng, 3)
     positions_Bx2 = s.committed_B[:, None] + jnp.array([-2, -1])
     draft_BxK, draft_logits, drafter_state = drafter.propose(
@@ -215,7 +91,7 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
                       asd_scalars, k_verify, sampling, normalize_q)
     s = s.replace(round=s.round + 1, target_cache=target_cache, drafter_state=drafter_state,
                   rng=rng)
-    return _commit(s, draft_BxK, verdict, max_new_B, eos_ids, stream)
+    return commit_round(s, draft_BxK, verdict, max_new_B, eos_ids, stream)
 
   state = jax.lax.while_loop(cond, body, state)
   return finish(state, max_new_tokens)

@@ -22,8 +22,9 @@ from asd_jax.draft_tree import TreeDrafter
 from asd_jax.lm_api import LanguageModelFns
 from asd_jax.sampling import SamplingConfig
 from asd_jax.sampling_keys import split_keys
-from asd_jax.spec_decode import (SpecDecodeResult, _commit, _RoundState, finish, initial_state,
-                                 prepare_request)
+from asd_jax.decode_rounds import (RoundState, SpecDecodeResult, commit_round, finish,
+                                   initial_state)
+from asd_jax.spec_decode import prepare_request
 from asd_jax.spec_sampling import tree_speculative_sample
 from asd_jax.token_stream import TokenStream
 from asd_jax.tree_verify import tree_asd_verify_traced, tree_greedy_verify, tree_paths
@@ -102,10 +103,10 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
                         target_cache=target_cache, drafter_state=drafter_state,
                         history_width=capacity, stream=stream)
 
-  def cond(s: _RoundState):
+  def cond(s: RoundState):
     return ~jnp.all(s.done_B) & (s.round < max_new_tokens)
 
-  def body(s: _RoundState):
+  def body(s: RoundState):
     rng, k_draft, k_verify = split_keys(s.rng, 3)
     n_B = s.committed_B
     # Positions below 0 (short prompts) re-feed position 0: the same token, the same entry.
@@ -148,7 +149,7 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
           jnp.take_along_axis(new_BxTxF, rows_BxD1[:, :, None], axis=1), mode="drop")
     s = s.replace(round=s.round + 1, target_cache=target_cache,
                   drafter_state=(drafter_state, features_BxSxF), rng=rng)
-    return _commit(s, path_tokens_BxD, verdict, max_new_B, eos_ids, stream)
+    return commit_round(s, path_tokens_BxD, verdict, max_new_B, eos_ids, stream)
 
   state = jax.lax.while_loop(cond, body, state)
   return finish(state, max_new_tokens)
