@@ -137,8 +137,6 @@ def spec_runners(args, calibrated=None) -> dict[str, RowRunner]:
   from asd_jax.bench_spec_rows import row_name, spec_row
   from asd_jax.bench_suite import budget_preset, parse_budgets
   from asd_jax.draft_tree import TreeShape
-  if args.k <= 0:
-    raise ValueError(f"--k must be positive, got {args.k}")
   tree = TreeShape.parse(args.tree) if args.tree else None
   shapes = ([] if args.no_chain else [None]) + ([tree] if tree else [])
   if not shapes:
@@ -163,6 +161,8 @@ def spec_runners(args, calibrated=None) -> dict[str, RowRunner]:
 
 def drafts(args) -> list[tuple[str, int]]:
   """(drafter, K) per comma-separated --draft entry; 'NAME@K' overrides --k for that one."""
+  if args.k <= 0:
+    raise ValueError(f"--k must be positive, got {args.k}")
   out = []
   for entry in (d for d in args.draft.split(",") if d):
     name, _, k = entry.partition("@")
