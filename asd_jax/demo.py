@@ -95,7 +95,7 @@ def main() -> None:
   if setup:
     print(f"\ndrafter: {draft} ({setup.kind}, {setup.engine}, K=2); ASD preset: budget "
           f"{PAPER.budget}, gate {PAPER.gate}, max exceptions {PAPER.max_exceptions}")
-  print(f"n-gram drafter: {NGRAM[0]} (n = 3 down to 1, K={NGRAM[1]}), no model")
+  print(f"n-gram drafter: {NGRAM[0]} (n = 3 down to 2, K={NGRAM[1]}), no model")
 
 
 if __name__ == "__main__":

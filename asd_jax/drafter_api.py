@@ -33,6 +33,11 @@ class ChainDrafter:
   propose(params, state, recent_Bx2, positions_Bx2, rng, sampling)
       -> (draft_BxK int32, draft_logits_BxKxV float32 or None when sampling is greedy, state)
       rng is a key per row [B] (sampling.split_keys / select_token keep row b on rng[b]).
+  has_draft(state) -> bool[B], optional: after propose, whether a row's draft is worth a
+      verification. When no active row's is, the engine runs the round as one plain decoding
+      step (a forward over 1 token instead of K+1; the commit is that of a round rejecting
+      every draft token). It must depend on committed tokens only, never on randomness, so
+      that no rule's output changes. None: always verify.
   """
 
   prefill: Callable[..., Any]
@@ -40,6 +45,7 @@ class ChainDrafter:
   num_draft: int
   vocab_size: int
   name: str = "drafter"
+  has_draft: Callable[[Any], jax.Array] | None = None
 
   def __post_init__(self):
     if isinstance(self.num_draft, bool) or int(self.num_draft) != self.num_draft or self.num_draft <= 0:

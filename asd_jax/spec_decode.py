@@ -31,12 +31,22 @@ from asd_jax.drafter_api import ChainDrafter
 from asd_jax.greedy_verify import greedy_verify
 from asd_jax.lm_api import LanguageModelFns
 from asd_jax.plain_decode import CAPACITY_BUCKET
-from asd_jax.sampling import SamplingConfig
+from asd_jax.sampling import SamplingConfig, select_token
 from asd_jax.sampling_keys import row_keys, split_keys
 from asd_jax.spec_sampling import speculative_sample
 from asd_jax.token_stream import TokenStream
+from asd_jax.verify_output import VerifyOutput
 
 RULES = ("strict", "asd", "sample")
+
+
+def _as_verdict(v) -> VerifyOutput:
+  """The fields commit_round reads, in fixed dtypes (both branches of a lax.cond must match)."""
+  return VerifyOutput(num_accepted=v.num_accepted.astype(jnp.int32),
+                      next_token=v.next_token.astype(jnp.int32),
+                      spent=v.spent.astype(jnp.float32),
+                      num_exceptions=v.num_exceptions.astype(jnp.int32),
+                      nonfinite=v.nonfinite.astype(bool))
 
 
 def _verify(rule, draft_BxK, draft_logits, target_logits_BxK1xV, spent_B, asd_scalars, key,
@@ -78,17 +88,42 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
     # Every active row commits >= 1 token per round, so max_new_tokens rounds always suffice.
     return ~jnp.all(s.done_B) & (s.round < max_new_tokens)
 
-  def body(s: RoundState):
-    rng, k_draft, k_verify = split_keys(s.rng, 3)
-    positions_Bx2 = s.committed_B[:, None] + jnp.array([-2, -1])
-    draft_BxK, draft_logits, drafter_state = drafter.propose(
-        drafter_params, s.drafter_state, s.recent_Bx2, positions_Bx2, k_draft, sampling)
+  def verify_round(s: RoundState, draft_BxK, draft_logits, k_verify):
     block_BxK1 = jnp.concatenate([s.recent_Bx2[:, 1:], draft_BxK], axis=1)
     positions_BxK1 = s.committed_B[:, None] - 1 + jnp.arange(k + 1)
     target_logits, _, target_cache = target.forward(target_params, block_BxK1, positions_BxK1,
                                                     s.target_cache)
     verdict = _verify(rule, draft_BxK, draft_logits, target_logits, s.stats.asd_spent_B,
                       asd_scalars, k_verify, sampling, normalize_q)
+    return target_cache, _as_verdict(verdict)
+
+  def plain_step(s: RoundState, draft_BxK, draft_logits, k_verify):
+    # A round in which every draft is rejected, at the cost of one token: the same commit
+    # (the target's token at the newest position) without scoring K draft positions.
+    del draft_BxK, draft_logits
+    logits_Bx1xV, _, target_cache = target.forward(
+        target_params, s.recent_Bx2[:, 1:], s.committed_B[:, None] - 1, s.target_cache)
+    logits_BxV = logits_Bx1xV[:, 0]
+    zeros_B = jnp.zeros((b,), jnp.int32)
+    verdict = VerifyOutput(num_accepted=zeros_B,
+                           next_token=select_token(logits_BxV, k_verify, sampling),
+                           spent=s.stats.asd_spent_B, num_exceptions=zeros_B,
+                           nonfinite=~jnp.isfinite(logits_BxV).all(axis=-1))
+    return target_cache, _as_verdict(verdict)
+
+  def body(s: RoundState):
+    rng, k_draft, k_verify = split_keys(s.rng, 3)
+    positions_Bx2 = s.committed_B[:, None] + jnp.array([-2, -1])
+    draft_BxK, draft_logits, drafter_state = drafter.propose(
+        drafter_params, s.drafter_state, s.recent_Bx2, positions_Bx2, k_draft, sampling)
+    args = (s, draft_BxK, draft_logits, k_verify)
+    if drafter.has_draft is None:
+      target_cache, verdict = verify_round(*args)
+    else:
+      # The drafter's choice depends on committed tokens only, so skipping never changes
+      # what any rule outputs, only what a round costs.
+      worth_it = jnp.any(drafter.has_draft(drafter_state) & ~s.done_B)
+      target_cache, verdict = jax.lax.cond(worth_it, verify_round, plain_step, *args)
     s = s.replace(round=s.round + 1, target_cache=target_cache, drafter_state=drafter_state,
                   rng=rng)
     return commit_round(s, draft_BxK, verdict, max_new_B, eos_ids, stream)

@@ -1,6 +1,8 @@
 """The n-gram (prompt lookup) drafter: its lookup rule against a plain-Python reference, and
 the engine invariants with it (strict == plain greedy, lossless sampling, repeats accepted)."""
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -37,7 +39,8 @@ def _lookup(rows, k, max_n=3, min_n=1, capacity=40, pad=-7):
   for b, r in enumerate(rows):
     hist[b, :len(r)] = r
   lengths = np.array([len(r) for r in rows], np.int32)
-  return np.asarray(lookup_draft(jnp.asarray(hist), jnp.asarray(lengths), k, max_n, min_n))
+  draft, _ = lookup_draft(jnp.asarray(hist), jnp.asarray(lengths), k, max_n, min_n)
+  return np.asarray(draft)
 
 
 def test_hand_built_cases():
@@ -96,23 +99,49 @@ def test_a_repeating_output_is_drafted_block_after_block():
   assert rounds == 8 and accepted == k * rounds  # 1 prefill token + 8 rounds of K + 1
 
 
-def test_lossless_sampling():
-  """rule='sample' with the one-hot n-gram proposal keeps the target's distribution."""
+def _nan_when_verifying(fns):
+  """The fake target, but any forward over more than one token returns NaN logits."""
+  def forward(params, tokens_BxT, positions_BxT, cache):
+    logits, hidden, cache = fns.forward(params, tokens_BxT, positions_BxT, cache)
+    return (logits * jnp.nan if tokens_BxT.shape[1] > 1 else logits), hidden, cache
+  return dataclasses.replace(fns, forward=forward)
+
+
+def test_rounds_without_a_match_run_as_one_token_steps():
+  fns = _nan_when_verifying(fake_lm(vocab_size=64))
+  drafter = ngram_drafter(3, 64)
+  # Counting up from distinct tokens: no bigram ever repeats, so no round verifies.
+  out = asd_decode(fns, None, drafter, None, np.array([[0, 1, 2, 3, 4]], np.int32),
+                   np.array([5], np.int32), max_new_tokens=20)
+  assert not bool(out.nonfinite_B[0])
+  assert np.asarray(out.tokens_BxN)[0].tolist() == list(range(5, 25))
+  assert int(out.stats.rounds_B[0]) == 19 and int(out.stats.accepted_B[0]) == 0
+  # Control: with a repeated bigram in the prompt the engine does verify, and trips the NaN.
+  out = asd_decode(fns, None, drafter, None, np.array([[5, 6, 0, 1, 2, 3, 4]], np.int32),
+                   np.array([7], np.int32), max_new_tokens=20)
+  assert bool(out.nonfinite_B[0])
+
+
+@pytest.mark.parametrize("min_ngram", [1, 2])
+def test_lossless_sampling(min_ngram):
+  """rule='sample' with the one-hot n-gram proposal keeps the target's distribution, whether
+  rounds verify (min_ngram=1: nearly always) or mostly run as plain steps (2)."""
   target = random_decoder(seed=11, vocab=sampling_check.V, num_layers=2, hidden=32)
   tfns, tparams = decoder_fns(target)
   sampling = SamplingConfig(temperature=1.0)
   exact = sampling_check._exact_joint(tfns, tparams, sampling)
-  got = sampling_check._sampled_joint(tfns, tparams, ngram_drafter(2, sampling_check.V), None,
-                                      sampling, seed0=1)
+  drafter = ngram_drafter(2, sampling_check.V, min_ngram=min_ngram)
+  got = sampling_check._sampled_joint(tfns, tparams, drafter, None, sampling, seed0=1)
   tv = sampling_check._tv
   assert tv(got.sum(axis=2), exact.sum(axis=2)) <= sampling_check.TV_LIMIT
   assert tv(got.sum(axis=0), exact.sum(axis=0)) <= sampling_check.TV_LIMIT
 
 
 def test_names_and_bad_settings():
-  assert parse_ngram_name("ngram") == (1, 3)
-  assert parse_ngram_name("ngram:5") == (1, 5)
-  assert parse_ngram_name("ngram:2-4") == (2, 4)
+  assert parse_ngram_name("ngram") == (2, 3)
+  assert parse_ngram_name("ngram:5") == (2, 5)
+  assert parse_ngram_name("ngram:1") == (1, 1)
+  assert parse_ngram_name("ngram:1-4") == (1, 4)
   assert parse_ngram_name("smollm2-135m-eagle3") is None
   for bad in ("ngram:x", "ngram:0", "ngram:3-2"):
     with pytest.raises(ValueError, match="n-gram drafter name"):
