@@ -6,9 +6,10 @@ N + 1 (a tree verification), plus the drafters' steps; then the speedup bound ea
 setup allows at a given tau:  bound = tau * t(plain step) / (t(verify) + t(drafting)).
 Prints a table and writes JSON (--json). Numbers are ratios from one run; load matters less.
 
-It also times the real decode loops on one --loop-tokens request: ms per plain decoding step
-and per chain round (K = 3) with a drafter that costs nothing (the n-gram drafter, and one
-that always proposes token 0), i.e. what the loop adds to the forwards it runs.
+It also times the real decode loops on one --loop-tokens request: ms per plain decoding step,
+per chain round (K = 3) with a drafter that costs nothing (the n-gram drafter, and one that
+always proposes token 0), and per round that the chain engine skips (a plain step inside its
+lax.cond), i.e. what the loop adds to the forwards it runs.
 """
 
 from __future__ import annotations
@@ -49,11 +50,15 @@ def loop_ms(fns, params, n: int, reps: int) -> dict[str, tuple[float, float]]:
   prompt[0, :60] = rng.randint(100, 5000, 60)
   lengths = np.array([60], np.int32)
 
-  def zeros_drafter():
+  def zeros_drafter(verify: bool):
+    """Always proposes token 0; with verify=False it reports no draft, so every round is a
+    skipped (plain) step inside the chain engine's lax.cond."""
     def propose(params, state, recent_Bx2, positions_Bx2, key, sampling):
       return jnp.zeros((recent_Bx2.shape[0], k), jnp.int32), None, state
     return ChainDrafter(prefill=lambda *a: jnp.zeros((), jnp.int32), propose=propose,
-                        num_draft=k, vocab_size=fns.vocab_size, name="zeros")
+                        num_draft=k, vocab_size=fns.vocab_size, name=f"zeros{verify}",
+                        has_draft=None if verify else (
+                            lambda state: jnp.zeros((prompt.shape[0],), bool)))
 
   def plain():
     out = plain_decode(fns, params, prompt, lengths, max_new_tokens=n)
@@ -67,7 +72,7 @@ def loop_ms(fns, params, n: int, reps: int) -> dict[str, tuple[float, float]]:
 
   setups = {"plain step": plain, f"chain K={k} round, n-gram drafter": chain(
       ngram_drafter(k, fns.vocab_size)), f"chain K={k} round, token-0 drafter": chain(
-          zeros_drafter())}
+          zeros_drafter(True)), "chain round skipped (no draft)": chain(zeros_drafter(False))}
   times = {name: [] for name in setups}
   tau = {}
   for name, run in setups.items():
