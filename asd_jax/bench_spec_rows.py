@@ -27,8 +27,6 @@ def spec_row(draft: str, *, k: int, tree: TreeShape | None, rule: str,
   def runner(ctx: BenchContext) -> PreparedRow:
     import jax
 
-    from asd_jax.spec_decode import asd_decode
-    from asd_jax.tree_decode import asd_tree_decode
     from models.drafter_setup import setup_drafter
 
     _, _, loaded = ctx.jax_target
@@ -37,15 +35,14 @@ def spec_row(draft: str, *, k: int, tree: TreeShape | None, rule: str,
       ctx.drafter_setups[key] = setup_drafter(draft, loaded, k=k, tree=tree, kind=kind,
                                               target_name=ctx.target)
     setup = ctx.drafter_setups[key]
-    decode = asd_tree_decode if setup.engine == "tree" else asd_decode
     n = ctx.max_new_tokens
 
     def call(batch: Batch, max_new: int) -> BatchOutput:
       rows = batch.rows
       prompt, lengths, max_new_B = padded_batch(ctx, batch, max_new)
-      out = decode(setup.target_fns, setup.target_params, setup.drafter, setup.params, prompt,
-                   lengths, max_new_tokens=n, rule=rule, asd_config=asd_config,
-                   eos_ids=ctx.eos_ids, max_new_B=max_new_B)
+      out = setup.decode(setup.target_fns, setup.target_params, setup.drafter, setup.params,
+                         prompt, lengths, max_new_tokens=n, rule=rule, asd_config=asd_config,
+                         eos_ids=ctx.eos_ids, max_new_B=max_new_B)
       tokens, counts, nonfinite, rounds, accepted, per_position = jax.device_get(
           (out.tokens_BxN, out.num_generated_B, out.nonfinite_B, out.stats.rounds_B,
            out.stats.accepted_B, out.stats.accepted_per_position_BxK))

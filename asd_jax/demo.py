@@ -17,8 +17,6 @@ import numpy as np
 from asd_jax.asd_config import PAPER
 from asd_jax.cli_common import enable_compilation_cache, right_pad, text_stream
 from asd_jax.plain_decode import plain_decode
-from asd_jax.spec_decode import asd_decode
-from asd_jax.tree_decode import asd_tree_decode
 
 PROMPTS = (
     "What is the capital of France?",
@@ -64,10 +62,9 @@ def main() -> None:
   print(f"\n>>> {PROMPTS[STREAMED]}  (streamed as strict speculative decoding with "
         f"{draft or NGRAM[0]} commits it; includes compilation)")
   prompt, lengths = right_pad([encode_chat(tokenizer, PROMPTS[STREAMED])], bucket=64)
-  decode = asd_tree_decode if streamer.engine == "tree" else asd_decode
-  decode(streamer.target_fns, streamer.target_params, streamer.drafter, streamer.params, prompt,
-         lengths, max_new_tokens=MAX_NEW, rule="strict", eos_ids=eos,
-         stream=text_stream(tokenizer))
+  streamer.decode(streamer.target_fns, streamer.target_params, streamer.drafter,
+                  streamer.params, prompt, lengths, max_new_tokens=MAX_NEW, rule="strict",
+                  eos_ids=eos, stream=text_stream(tokenizer))
   print("\n\n(now each configuration is compiled once first; timings exclude compilation)")
 
   for prompt_text in PROMPTS:
@@ -82,10 +79,9 @@ def main() -> None:
     runs = [("strict", setup, "strict"), ("asd", setup, "asd")] if setup else []
     runs.append(("ngram strict", ngram, "strict"))
     for label, s, rule in runs:
-      decode = asd_tree_decode if s.engine == "tree" else asd_decode
-      out, dt = _timed(lambda: decode(s.target_fns, s.target_params, s.drafter, s.params,
-                                      prompt, lengths, max_new_tokens=MAX_NEW, rule=rule,
-                                      asd_config=PAPER, eos_ids=eos))
+      out, dt = _timed(lambda: s.decode(s.target_fns, s.target_params, s.drafter, s.params,
+                                        prompt, lengths, max_new_tokens=MAX_NEW, rule=rule,
+                                        asd_config=PAPER, eos_ids=eos))
       m = int(out.num_generated_B[0])
       same = np.array_equal(np.asarray(out.tokens_BxN[0, :m]), np.asarray(plain.tokens_BxN[0, :n]))
       summary = out.stats.summary()

@@ -27,8 +27,7 @@ from asd_jax.asd_config import PAPER, ASDConfig
 from asd_jax.plain_decode import plain_decode
 from asd_jax.sampling import SamplingConfig
 from asd_jax.draft_tree import TreeShape
-from asd_jax.spec_decode import RULES, asd_decode
-from asd_jax.tree_decode import asd_tree_decode
+from asd_jax.spec_decode import RULES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -118,9 +117,8 @@ def main(argv=None):
     from models.drafter_setup import setup_drafter
     setup = setup_drafter(args.draft, loaded, k=args.k, tree=tree, kind=args.drafter,
                           dtype=args.dtype, target_name=args.target)
-    decode = asd_tree_decode if setup.engine == "tree" else asd_decode
     t0 = time.perf_counter()
-    result = jax.block_until_ready(decode(
+    result = jax.block_until_ready(setup.decode(
         setup.target_fns, setup.target_params, setup.drafter, setup.params, prompt, lengths,
         max_new_tokens=args.max_new_tokens, rule=rule, asd_config=asd_config,
         sampling=sampling, eos_ids=eos, seed=args.seed, stream=stream))

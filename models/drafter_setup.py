@@ -38,6 +38,13 @@ class DrafterSetup:
   def engine(self) -> str:
     return "tree" if isinstance(self.drafter, TreeDrafter) else "chain"
 
+  @property
+  def decode(self):
+    """The engine's entry point for this drafter: asd_tree_decode or asd_decode."""
+    from asd_jax.spec_decode import asd_decode
+    from asd_jax.tree_decode import asd_tree_decode
+    return asd_tree_decode if self.engine == "tree" else asd_decode
+
 
 def infer_kind(name_or_path: str | os.PathLike) -> str:
   """The drafter kind from a folder's config.json (or a known standalone name)."""

@@ -36,8 +36,6 @@ def main(argv=None) -> int:
   import jax
   from asd_jax.bench_prompts import load_prompts, parse_suites
   from asd_jax.draft_tree import TreeShape
-  from asd_jax.spec_decode import asd_decode
-  from asd_jax.tree_decode import asd_tree_decode
   from models.drafter_setup import setup_drafter
   from models.load import load_decoder
   from models.tokenizer import encode_chat, eos_token_ids, load_tokenizer
@@ -51,7 +49,6 @@ def main(argv=None) -> int:
   outputs = {}
   for draft in [d for d in args.draft.split(",") if d]:
     setup = setup_drafter(draft, loaded, k=args.k, tree=tree)
-    decode = asd_tree_decode if setup.engine == "tree" else asd_decode
     per_suite: dict[str, list[int]] = {}
     start = time.perf_counter()
     for bp in prompts:
@@ -59,9 +56,9 @@ def main(argv=None) -> int:
       width = -(-len(ids) // 64) * 64  # bucket prompt widths: few compilations
       prompt = np.zeros((1, width), np.int32)
       prompt[0, :len(ids)] = ids
-      out = decode(setup.target_fns, setup.target_params, setup.drafter, setup.params, prompt,
-                   np.array([len(ids)], np.int32), max_new_tokens=args.max_new_tokens,
-                   rule="strict", eos_ids=eos)
+      out = setup.decode(setup.target_fns, setup.target_params, setup.drafter, setup.params,
+                         prompt, np.array([len(ids)], np.int32),
+                         max_new_tokens=args.max_new_tokens, rule="strict", eos_ids=eos)
       n, rounds, accepted = (int(x[0]) for x in jax.device_get(
           (out.num_generated_B, out.stats.rounds_B, out.stats.accepted_B)))
       tokens = np.asarray(out.tokens_BxN)[0, :n].tolist()

@@ -52,10 +52,8 @@ def _near_tie_margin(s, prefix):
 def test_strict_and_asd_budget0_equal_plain_greedy_and_asd_takes_exceptions(setup):
   from asd_jax.asd_config import ASDConfig
   from asd_jax.plain_decode import plain_decode
-  from asd_jax.spec_decode import asd_decode
-  from asd_jax.tree_decode import asd_tree_decode
   s, prompt, lengths = setup
-  decode = asd_tree_decode if s.engine == "tree" else asd_decode
+  decode = s.decode
   plain = np.asarray(plain_decode(s.target_fns, s.target_params, prompt, lengths,
                                   max_new_tokens=NEW_TOKENS).tokens_BxN)
   for rule, cfg in (("strict", ASDConfig(8.0, 0.25, 2)), ("asd", ASDConfig(0.0, 0.25, 2))):
