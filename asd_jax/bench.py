@@ -143,8 +143,9 @@ def spec_runners(args, calibrated=None) -> dict[str, RowRunner]:
     raise ValueError("--no-chain needs --tree")
   sweep = [budget_preset(b) for b in parse_budgets(args.asd_budgets)]
   runners = {}
-  first = drafts(args)[0]
-  for draft, k in drafts(args):
+  entries = drafts(args)
+  first = entries[0]
+  for draft, k in entries:
     for shape in shapes:
       for rule in ("strict", "asd"):
         runners[row_name(draft, shape, k, rule, "paper")] = spec_row(

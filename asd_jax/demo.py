@@ -16,6 +16,7 @@ import numpy as np
 
 from asd_jax.asd_config import PAPER
 from asd_jax.cli_common import enable_compilation_cache, right_pad, text_stream
+from asd_jax.ngram_drafter import parse_ngram_name
 from asd_jax.plain_decode import plain_decode
 
 PROMPTS = (
@@ -91,7 +92,8 @@ def main() -> None:
   if setup:
     print(f"\ndrafter: {draft} ({setup.kind}, {setup.engine}, K=2); ASD preset: budget "
           f"{PAPER.budget}, gate {PAPER.gate}, max exceptions {PAPER.max_exceptions}")
-  print(f"n-gram drafter: {NGRAM[0]} (n = 3 down to 2, K={NGRAM[1]}), no model")
+  low, high = parse_ngram_name(NGRAM[0])
+  print(f"n-gram drafter: {NGRAM[0]} (n = {high} down to {low}, K={NGRAM[1]}), no model")
 
 
 if __name__ == "__main__":

@@ -18,12 +18,12 @@ import jax
 import jax.numpy as jnp
 
 from asd_jax.asd_config import ASDConfig
+from asd_jax.decode_rounds import (RoundState, SpecDecodeResult, commit_round, finish,
+                                   initial_state)
 from asd_jax.draft_tree import TreeDrafter
 from asd_jax.lm_api import LanguageModelFns
 from asd_jax.sampling import SamplingConfig
 from asd_jax.sampling_keys import split_keys
-from asd_jax.decode_rounds import (RoundState, SpecDecodeResult, commit_round, finish,
-                                   initial_state)
 from asd_jax.spec_decode import prepare_request
 from asd_jax.spec_sampling import tree_speculative_sample
 from asd_jax.token_stream import TokenStream
