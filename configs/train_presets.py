@@ -17,8 +17,21 @@ class DataConfig:
   num_prompts: int = 700  # training prompts (scripts/training_prompts.py, disjoint from eval)
   heldout_prompts: int = 48  # held-out split: same generator, later prompts
   prompt_seed: int = 0
-  max_new_tokens: int = 128  # the target's greedy answer length cap
+  max_new_tokens: int = 128  # the target's answer length cap
   gen_batch: int = 32
+  # 0: the target's greedy answers (then the data is VSD's oracle). > 0: answers sampled at this
+  # temperature, one seed per prompt (answer_seed + its index), so the text is the target's own
+  # distribution but not its greedy choice: VSD then needs vsd_oracle=target.
+  answer_temperature: float = 0.0
+  answer_seed: int = 0
+
+  def __post_init__(self):
+    if not 0.0 <= self.answer_temperature < float("inf"):  # also refuses NaN
+      raise ValueError(f"answer_temperature must be finite and >= 0, got {self.answer_temperature}")
+
+  @property
+  def greedy(self) -> bool:
+    return self.answer_temperature == 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +108,10 @@ class TrainConfig:
       raise ValueError(f"vsd_proposal must be tree or iid, got {self.vsd_proposal!r}")
     if self.vsd_oracle not in ("data", "target"):
       raise ValueError(f"vsd_oracle must be data or target, got {self.vsd_oracle!r}")
+    if self.vsd_oracle == "data" and not self.data.greedy:
+      raise ValueError("vsd_oracle=data needs the target's greedy answers as training text; "
+                       f"this preset samples them (answer_temperature={self.data.answer_temperature})"
+                       ", so use vsd_oracle=target")
     for f in ("vsd_lambda_div", "vsd_lambda_wl", "vsd_lambda_car", "vsd_eta", "diag_positions"):
       if not getattr(self, f) >= 0:  # also refuses NaN
         raise ValueError(f"{f} must be >= 0, got {getattr(self, f)}")
@@ -127,6 +144,14 @@ PRESETS: dict[str, TrainConfig] = {
     # run of ~15 minutes; on accelerators raise steps / batch_size.
     "smollm2_eagle3": TrainConfig(
         name="smollm2_eagle3", drafter="eagle3", data_dir="out/data/smollm2",
+        draft_vocab_size=8192, ttt_steps=4, seq_len=192, batch_size=4, steps=240, lr=1.5e-3,
+        warmup_steps=10, log_every=10, eval_every=80, eval_examples=32, ckpt_every=40),
+    # The same recipe on answers the target *sampled* (T=1): text from the target's distribution
+    # that is not its greedy choice, like human or sampled data in the VSD paper. VSD's oracle is
+    # then a target forward (vsd_oracle=target), the baseline learns the sampled tokens.
+    "smollm2_eagle3_sampled": TrainConfig(
+        name="smollm2_eagle3_sampled", drafter="eagle3", data_dir="out/data/smollm2_sampled",
+        data=DataConfig(answer_temperature=1.0), vsd_oracle="target",
         draft_vocab_size=8192, ttt_steps=4, seq_len=192, batch_size=4, steps=240, lr=1.5e-3,
         warmup_steps=10, log_every=10, eval_every=80, eval_examples=32, ckpt_every=40),
     "smollm2_medusa": TrainConfig(

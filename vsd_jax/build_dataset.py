@@ -1,11 +1,12 @@
-"""Builds a preset's training dataset: offline prompts -> the target's greedy answers -> TFDS.
+"""Builds a preset's training dataset: offline prompts -> the target's answers -> TFDS.
 
   python -m vsd_jax.build_dataset --config=smollm2_eagle3 [--overwrite]
 
 Prompts come from scripts/training_prompts.py (templated, disjoint from HumanEval and
 MT-Bench); the first `num_prompts` form "train", the next `heldout_prompts` "heldout". The
-target answers with its chat template and greedy `asd_jax.plain_decode` (one jitted program,
-fixed batch; rows sorted by length so padding stays small). The tiny preset's target is
+target answers with its chat template and `asd_jax.plain_decode` (one jitted program, fixed
+batch; rows sorted by length so padding stays small): greedy, or sampled at the preset's
+`answer_temperature` with one seed per prompt (so an answer does not depend on its batch). The tiny preset's target is
 random, so its prompts are random token ids.
 
 Answers are cached in out/distill_data_<hash>.npz (the same cache, and key, as
@@ -40,16 +41,22 @@ def make_prompts(target: Target, num: int, seed: int) -> list[list[int]]:
 
 
 def generate(target: Target, rows: list[list[int]], max_new_tokens: int, batch_size: int,
-             cache_dir: str = "out", log=print) -> tuple[list[np.ndarray], dict]:
-  """The target's greedy answers (EOS included when hit) and generation stats."""
+             cache_dir: str = "out", log=print, temperature: float = 0.0,
+             seed: int = 0) -> tuple[list[np.ndarray], dict]:
+  """The target's answers (EOS included when hit) and generation stats: greedy, or sampled at
+  `temperature` > 0 with seed `seed + i` for prompt i."""
   from asd_jax.cli_common import right_pad
   from asd_jax.plain_decode import plain_decode
+  from asd_jax.sampling import SamplingConfig
   from models.lm_fns import decoder_fns
 
+  sampling = SamplingConfig(temperature=temperature)
   cache = None
   if target.checkpoint:
-    key = hashlib.sha256(json.dumps([[[int(t) for t in r] for r in rows], max_new_tokens,
-                                     target.checkpoint]).encode()).hexdigest()
+    what = [[[int(t) for t in r] for r in rows], max_new_tokens, target.checkpoint]
+    if not sampling.greedy:  # greedy keys stay as they were, so old caches keep working
+      what.append({"temperature": temperature, "seed": seed})
+    key = hashlib.sha256(json.dumps(what).encode()).hexdigest()
     cache = Path(cache_dir) / f"distill_data_{key[:16]}.npz"
     if cache.is_file():
       data = np.load(cache)
@@ -67,8 +74,9 @@ def generate(target: Target, rows: list[list[int]], max_new_tokens: int, batch_s
     batch = [rows[i] for i in idx]
     batch += [batch[-1]] * (batch_size - len(batch))  # one batch size: one compiled program
     prompt, lengths = right_pad(batch, bucket=32)
+    seeds = np.asarray([seed + i for i in idx] + [0] * (batch_size - len(idx)), np.int32)
     out = plain_decode(fns, params, prompt, lengths, max_new_tokens=max_new_tokens,
-                       eos_ids=target.eos_ids)
+                       eos_ids=target.eos_ids, sampling=sampling, seed=seeds)
     tokens, counts = np.asarray(out.tokens_BxN), np.asarray(out.num_generated_B)
     for j, i in enumerate(idx):
       responses[i] = tokens[j, :counts[j]].astype(np.int32)
@@ -100,7 +108,17 @@ def build(cfg, overwrite: bool = False, log=print) -> dict:
   target = load_target(cfg)
   rows = make_prompts(target, d.num_prompts + d.heldout_prompts, d.prompt_seed)
   t0 = time.perf_counter()
-  responses, stats = generate(target, rows, d.max_new_tokens, d.gen_batch, log=log)
+  if d.greedy:  # one call: keeps the answer cache shared with distill_standalone_drafter
+    responses, stats = generate(target, rows, d.max_new_tokens, d.gen_batch, log=log)
+  else:
+    responses, stats = generate(target, rows[:d.num_prompts], d.max_new_tokens, d.gen_batch,
+                                log=log, temperature=d.answer_temperature, seed=d.answer_seed)
+    # The held-out split stays greedy: its simulated tau and tree diagnostics measure agreement
+    # with the target's greedy continuation, i.e. acceptance at T = 0, whatever the training text.
+    heldout_responses, heldout_stats = generate(target, rows[d.num_prompts:], d.max_new_tokens,
+                                                d.gen_batch, log=log)
+    responses = responses + heldout_responses
+    stats["heldout"] = heldout_stats
   pairs = list(zip(rows, responses))
   train, heldout = pairs[:d.num_prompts], pairs[d.num_prompts:]
   meta = {"target": target.source, "num_train": len(train), "num_heldout": len(heldout),
@@ -108,6 +126,9 @@ def build(cfg, overwrite: bool = False, log=print) -> dict:
           "train_response_tokens": int(sum(len(r) for _, r in train)),
           "heldout_tokens": int(sum(len(p) + len(r) for p, r in heldout)),
           "max_new_tokens": d.max_new_tokens, "prompt_seed": d.prompt_seed,
+          "answers": ("greedy" if d.greedy else
+                      f"train sampled at temperature {d.answer_temperature:g} (seed "
+                      f"{d.answer_seed} + prompt index), held-out greedy"),
           "generation": {k: (round(v, 2) if isinstance(v, float) else v)
                          for k, v in stats.items()}}
   t1 = time.perf_counter()
