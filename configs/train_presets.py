@@ -33,6 +33,14 @@ class DataConfig:
   def greedy(self) -> bool:
     return self.answer_temperature == 0.0
 
+  @property
+  def answers(self) -> str:
+    """How the answers are made, as recorded in the dataset's metadata (and checked on use)."""
+    if self.greedy:
+      return "greedy"
+    return (f"train sampled at temperature {self.answer_temperature:g} (seed "
+            f"{self.answer_seed} + prompt index), held-out greedy")
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
@@ -178,26 +186,35 @@ _BOOLS = {"1": True, "true": True, "yes": True, "on": True,
           "0": False, "false": False, "no": False, "off": False}
 
 
+def _parse_value(item: str, current, raw: str):
+  if isinstance(current, tuple):
+    return tuple(int(x) for x in raw.split(",") if x)
+  if isinstance(current, bool):
+    if raw.lower() not in _BOOLS:
+      raise ValueError(f"bad override {item!r}: expected one of {', '.join(_BOOLS)}")
+    return _BOOLS[raw.lower()]
+  try:
+    return type(current)(raw)
+  except ValueError as e:
+    raise ValueError(f"bad override {item!r}: {e}") from None
+
+
 def with_overrides(cfg: TrainConfig, assignments: list[str]) -> TrainConfig:
-  """Applies `field=value` strings (values parsed by the field's type)."""
-  fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
-  changes = {}
+  """Applies `field=value` strings (values parsed by the field's type); `data.field=value`
+  sets a DataConfig field (how build_dataset makes the data, e.g. data.answer_temperature)."""
+  fields = [f.name for f in dataclasses.fields(TrainConfig) if f.name != "data"]
+  data_fields = [f"data.{f.name}" for f in dataclasses.fields(DataConfig)]
+  changes, data_changes = {}, {}
   for item in assignments:
     key, sep, raw = item.partition("=")
-    if not sep or key not in fields or key == "data":
+    if not sep or key not in fields + data_fields:
       raise ValueError(f"bad override {item!r}: expected field=value with field one of "
-                       f"{', '.join(k for k in fields if k != 'data')}")
-    current = getattr(cfg, key)
-    if isinstance(current, tuple):
-      value = tuple(int(x) for x in raw.split(",") if x)
-    elif isinstance(current, bool):
-      if raw.lower() not in _BOOLS:
-        raise ValueError(f"bad override {item!r}: expected one of {', '.join(_BOOLS)}")
-      value = _BOOLS[raw.lower()]
+                       f"{', '.join(fields + data_fields)}")
+    if key.startswith("data."):
+      name = key[len("data."):]
+      data_changes[name] = _parse_value(item, getattr(cfg.data, name), raw)
     else:
-      try:
-        value = type(current)(raw)
-      except ValueError as e:
-        raise ValueError(f"bad override {item!r}: {e}") from None
-    changes[key] = value
+      changes[key] = _parse_value(item, getattr(cfg, key), raw)
+  if data_changes:
+    changes["data"] = dataclasses.replace(cfg.data, **data_changes)
   return dataclasses.replace(cfg, **changes)

@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from configs.train_presets import DataConfig, get_preset
+from configs.train_presets import DataConfig, get_preset, with_overrides
 from vsd_jax.build_dataset import generate, make_prompts
 from vsd_jax.targets import load_target
 
@@ -78,3 +78,19 @@ def test_sampled_preset_trains_on_samples_and_holds_out_greedy(tiny, tmp_path):
     split, expected = (train, sampled[i]) if i < 6 else (heldout, greedy[i])
     assert np.array_equal(split[tuple(row)], expected), i
   assert any(not np.array_equal(train[tuple(r)], g) for r, g in zip(rows, greedy[:6]))
+
+
+def test_data_fields_can_be_overridden():
+  cfg = with_overrides(get_preset("smollm2_eagle3_sampled"),
+                       ["data.answer_temperature=0.7", "data.answer_seed=3", "steps=5"])
+  assert cfg.data.answer_temperature == 0.7 and cfg.data.answer_seed == 3 and cfg.steps == 5
+  assert cfg.data.num_prompts == get_preset("smollm2_eagle3_sampled").data.num_prompts
+  with pytest.raises(ValueError, match="answer_temperature"):
+    with_overrides(cfg, ["data.answer_temperature=-1"])
+  with pytest.raises(ValueError, match="bad override"):
+    with_overrides(cfg, ["data.no_such_field=1"])
+  with pytest.raises(ValueError, match="bad override"):
+    with_overrides(cfg, ["data=1"])
+  # Sampling the answers of a preset whose VSD oracle is the data is refused when it is set.
+  with pytest.raises(ValueError, match="vsd_oracle=target"):
+    with_overrides(get_preset("smollm2_eagle3"), ["data.answer_temperature=1"])

@@ -126,9 +126,7 @@ def build(cfg, overwrite: bool = False, log=print) -> dict:
           "train_response_tokens": int(sum(len(r) for _, r in train)),
           "heldout_tokens": int(sum(len(p) + len(r) for p, r in heldout)),
           "max_new_tokens": d.max_new_tokens, "prompt_seed": d.prompt_seed,
-          "answers": ("greedy" if d.greedy else
-                      f"train sampled at temperature {d.answer_temperature:g} (seed "
-                      f"{d.answer_seed} + prompt index), held-out greedy"),
+          "answers": d.answers,
           "generation": {k: (round(v, 2) if isinstance(v, float) else v)
                          for k, v in stats.items()}}
   t1 = time.perf_counter()
