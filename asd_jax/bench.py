@@ -27,6 +27,7 @@ import argparse
 import os
 import sys
 
+from asd_jax.asd_config import PAPER
 from asd_jax.bench_prompts import SUITES, load_prompts, parse_suites
 from asd_jax.bench_rows import (BenchContext, PreparedRow, RowRunner, make_batches,
                                ours_plain_greedy, run_rows)
@@ -96,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
   suite.add_argument("--calibrate-prompts", type=int, metavar="N",
                      help="calibrated ASD rows: calibrate_asd (q25) on the last N prompts of "
                           "each suite, disjoint from the eval prompts (suite default: 8)")
+  suite.add_argument("--calibrate-max-new-tokens", type=int, metavar="N",
+                     help="answer length of the calibration decodes (default: --max-new-tokens)")
   suite.add_argument("--calibration-source", choices=("suite-tail", "training"),
                      default="suite-tail",
                      help="calibration prompts: the suites' last N prompts (default) or offline "
@@ -108,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="natural-EOS rerun of our rows: NLL, share differing from strict, "
                           "HumanEval pass@1")
   suite.add_argument("--quality-max-new-tokens", type=int, default=256)
+  suite.add_argument("--quality-rows", metavar="ROW,ROW,...",
+                     help="rerun only these rows with natural EOS (default: all of ours); e.g. "
+                          "a whole-suite pass@1 check of plain (= strict) vs calibrated ASD")
   suite.add_argument("--assisted", action=argparse.BooleanOptionalAction,
                      help="transformers assisted generation with the first standalone --draft")
   return p
@@ -123,9 +129,12 @@ def resolve_suite_flags(args) -> None:
       setattr(args, flag, suite)
   if args.assisted is None:
     args.assisted = suite and not args.skip_transformers
-  if args.calibrate_prompts < 0 or args.quality_max_new_tokens <= 0 or args.drift_tol < 0:
-    raise ValueError("--calibrate-prompts, --quality-max-new-tokens and --drift-tol must not "
-                     "be negative")
+  if (args.calibrate_prompts < 0 or args.quality_max_new_tokens <= 0 or args.drift_tol < 0
+      or (args.calibrate_max_new_tokens is not None and args.calibrate_max_new_tokens <= 0)):
+    raise ValueError("--calibrate-prompts and --drift-tol must not be negative, "
+                     "--quality-max-new-tokens and --calibrate-max-new-tokens must be positive")
+  if args.quality_rows is not None and not args.quality:
+    raise ValueError("--quality-rows needs --quality (or --mode suite)")
 
 
 def spec_runners(args, calibrated=None) -> dict[str, RowRunner]:
@@ -204,6 +213,19 @@ def _check_args(args) -> tuple[str, ...]:
   return suites
 
 
+def _quality_rows(args, rows: tuple[str, ...]) -> list[str]:
+  """--quality-rows checked against the rows this run makes (before any of them runs)."""
+  if args.quality_rows is None:
+    return []
+  wanted = [r for r in args.quality_rows.split(",") if r]
+  ours = [r for r in rows if not r.startswith(("transformers_", "llama_cpp_", "assisted"))]
+  unknown = [r for r in wanted if r not in ours]
+  if unknown or not wanted:
+    raise ValueError(f"--quality-rows: {', '.join(unknown) or 'no rows given'}; this run's own "
+                     f"rows are {', '.join(ours)}")
+  return wanted
+
+
 def config_dict(args, suites: tuple[str, ...], rows: tuple[str, ...]) -> dict:
   return {"target": args.target, "mode": args.mode, "suites": list(suites),
           "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens,
@@ -214,7 +236,9 @@ def config_dict(args, suites: tuple[str, ...], rows: tuple[str, ...]) -> dict:
           "asd_budgets": args.asd_budgets, "calibrate_prompts": args.calibrate_prompts,
           "calibration_source": args.calibration_source,
           "protocol": args.protocol, "drift_tol": args.drift_tol, "quality": args.quality,
-          "quality_max_new_tokens": args.quality_max_new_tokens, "assisted": args.assisted,
+          "quality_max_new_tokens": args.quality_max_new_tokens,
+          "quality_rows": args.quality_rows,
+          "calibrate_max_new_tokens": args.calibrate_max_new_tokens, "assisted": args.assisted,
           "rows": list(rows)}
 
 
@@ -245,12 +269,16 @@ def main(argv=None):
     ctx.eos_ids = eos_token_ids(tokenizer, ctx.jax_target[2].hf_config)
 
   runners = dict(RUNNERS)
-  calibrated, calibration = None, None
+  calibrated, calibration, quality_rows = None, None, []
   if args.mode in ("spec", "suite"):
+    # A misspelt --quality-rows fails before calibration and the timed rows (same names as
+    # below: the calibrated preset's values do not enter them).
+    _quality_rows(args, rows + ("assisted",) * bool(args.assisted)
+                  + tuple(spec_runners(args, PAPER if args.calibrate_prompts else None)))
     if args.calibrate_prompts:
       calibrated, calibration = bench_suite.calibrate_for_bench(
           ctx, *drafts(args)[0], suites, args.num_prompts, args.calibrate_prompts,
-          args.max_new_tokens, args.calibration_source)
+          args.calibrate_max_new_tokens or args.max_new_tokens, args.calibration_source)
       print(f"calibrated ASD preset (frozen): budget = gate = {calibrated.budget:.4g}, "
             f"max_exceptions {calibrated.max_exceptions}, normalize_q "
             f"{calibrated.normalize_q} ({calibration['rounds']} rounds)", file=sys.stderr)
@@ -261,6 +289,7 @@ def main(argv=None):
     extra = spec_runners(args, calibrated)
     runners.update(extra)
     rows = rows + (("assisted",) if args.assisted else ()) + tuple(extra)
+    quality_rows = _quality_rows(args, rows)
 
   prepared = [runners[name](ctx) for name in rows]
   results = run_rows(ctx, prepared)
@@ -290,8 +319,8 @@ def main(argv=None):
                                         pass_at_1=False)
     natural = {}
     if args.quality:
-      ours = [r.name for r in results
-              if not r.name.startswith(("transformers_", "llama_cpp_"))]
+      ours = quality_rows or [r.name for r in results
+                              if not r.name.startswith(("transformers_", "llama_cpp_"))]
       natural = bench_suite.natural_eos_quality(ctx, runners, ours,
                                                 args.quality_max_new_tokens, prompt_ids,
                                                 prompts_ids)

@@ -285,3 +285,29 @@ def test_calibration_split_is_disjoint_from_the_eval_prompts():
   assert len(training) == 6 and not {p.text for p in training} & eval_texts
   with pytest.raises(ValueError, match="calibration source"):
     calibration_prompts(suites, 4, 3, source="gsm8k")
+
+
+def test_quality_rows_rerun_only_the_named_rows(tiny_target, tiny_drafter, tmp_path, capsys):  # noqa: F811
+  """A whole-suite pass@1 check of plain (= strict) vs calibrated ASD reruns just those two
+  rows with natural EOS; calibration decodes its own answer length."""
+  out = tmp_path / "quality.json"
+  d = str(tiny_drafter)
+  base = ["--mode", "spec", "--target", str(tiny_target), "--draft", d, "--k", "2",
+          "--num-prompts", "2", "--max-new-tokens", "3", "--skip-transformers", "--quality",
+          "--calibrate-prompts", "2", "--calibrate-max-new-tokens", "7",
+          "--quality-max-new-tokens", "8"]
+  bench.main(base + ["--quality-rows", f"ours_plain_greedy,{d}_chain_k2_asd_calibrated",
+                     "--json", str(out)])
+  report = json.loads(out.read_text())
+  rows = {r["name"]: r for r in report["rows"]}
+  rerun = {n for n, r in rows.items() if "quality_natural_eos" in r}
+  assert rerun == {"ours_plain_greedy", f"{d}_chain_k2_asd_calibrated"}
+  q = rows[f"{d}_chain_k2_asd_calibrated"]["quality_natural_eos"]
+  assert q["differs_reference"] == "ours_plain_greedy" and 0 <= q["pass_at_1"] <= 1
+  assert report["config"]["asd_calibration"]["max_new_tokens"] == 7
+  capsys.readouterr()
+  with pytest.raises(SystemExit) as e:   # a misspelt row fails before anything runs
+    bench.main(base + ["--quality-rows", "ours_plain,nope"])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and "--quality-rows: ours_plain, nope" in err
+  assert f"{d}_chain_k2_asd_calibrated" in err
