@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import gzip
 import json
+import math
 import os
 import re
 import subprocess
@@ -84,6 +85,28 @@ def humaneval_pass_at_1(task_ids: Sequence[str], answers: Sequence[str],
   passed = sum(r == "passed" for r in results)
   return {"pass_at_1": passed / max(len(results), 1), "passed": passed,
           "problems": len(results), "results": results}
+
+
+def mcnemar_exact(reference: Sequence[str], other: Sequence[str]) -> dict:
+  """Paired pass@1 change on the same problems, with McNemar's exact (binomial) test.
+
+  Only discordant problems carry information: `gained` (fails in `reference`, passes in
+  `other`) and `lost`; under "no change" each discordant problem is a fair coin, so the
+  two-sided p-value is 2 * P(Binomial(gained + lost, 1/2) <= min(gained, lost)), capped at 1.
+  """
+  if len(reference) != len(other):
+    raise ValueError(f"paired results need the same problems, got {len(reference)} and "
+                     f"{len(other)}")
+  ref = [r == "passed" for r in reference]
+  oth = [r == "passed" for r in other]
+  gained = sum(o and not r for r, o in zip(ref, oth))
+  lost = sum(r and not o for r, o in zip(ref, oth))
+  n = gained + lost
+  tail = sum(math.comb(n, i) for i in range(min(gained, lost) + 1)) / 2 ** n if n else 1.0
+  return {"test": "McNemar exact (two-sided binomial on discordant pairs)",
+          "problems": len(ref), "gained": gained, "lost": lost,
+          "change_points": round(100.0 * (gained - lost) / max(len(ref), 1), 3),
+          "p_value": min(1.0, 2.0 * tail)}
 
 
 def output_nll(fns: LanguageModelFns, params, prompts: Sequence[Sequence[int]],

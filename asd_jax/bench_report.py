@@ -149,3 +149,26 @@ def write_json(path: str | os.PathLike, machine: dict, config: dict, rows: list[
   with open(path, "w", encoding="utf-8") as f:
     json.dump({"machine": machine, "config": config, "rows": rows}, f, indent=2)
     f.write("\n")
+
+
+def format_paired_quality(table_rows: Sequence[dict]) -> str:
+  """One line per row whose natural-EOS quality was paired with a reference row: the pass@1
+  change with its McNemar test and the NLL change (empty when there is none)."""
+  by_name = {r["name"]: r for r in table_rows}
+  lines = []
+  for row in table_rows:
+    q = row.get("quality_natural_eos") or {}
+    paired, ref_name = q.get("pass_at_1_vs_reference"), q.get("differs_reference")
+    ref = (by_name.get(ref_name) or {}).get("quality_natural_eos") or {}
+    if paired is None or "pass_at_1" not in ref:
+      continue
+    line = (f"{row['name']} vs {ref_name} (natural EOS, {paired['problems']} HumanEval "
+            f"problems): pass@1 {ref['pass_at_1']:.1%} -> {q['pass_at_1']:.1%} "
+            f"({paired['change_points']:+.2f} points; {paired['gained']} gained, "
+            f"{paired['lost']} lost; {paired['test']}: p = {paired['p_value']:.3g})")
+    if q.get("nll_change_vs_reference") is not None:
+      line += f"; NLL {q['nll_change_vs_reference']:+.4f} nats/token"
+    if q.get("differs_from_strict") is not None:
+      line += f"; {q['differs_from_strict']:.0%} of outputs differ"
+    lines.append(line)
+  return "\n".join(lines)

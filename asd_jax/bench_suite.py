@@ -125,7 +125,8 @@ def quality_columns(ctx: BenchContext, table_rows: Sequence[dict],
                     results: Sequence[RowResult], prompt_ids: Sequence[tuple[str, str]],
                     prompts_ids: Sequence[Sequence[int]], pass_at_1: bool) -> dict[str, dict]:
   """Per row name: nll, differs_from_strict and (with pass_at_1) HumanEval pass@1."""
-  from asd_jax.bench_quality import differs_share, humaneval_pass_at_1, output_nll
+  from asd_jax.bench_quality import (differs_share, humaneval_pass_at_1, mcnemar_exact,
+                                     output_nll)
   fns, params, _ = ctx.jax_target
   outputs = {r.name: r.outputs for r in results}
   out: dict[str, dict] = {}
@@ -151,6 +152,15 @@ def quality_columns(ctx: BenchContext, table_rows: Sequence[dict],
         q["pass_at_1"] = res["pass_at_1"]
         q["humaneval_results"] = res["results"]
     out[name] = q
+  for name, q in out.items():  # paired against the reference row, once every row has results
+    ref = out.get(q["differs_reference"])
+    if ref is None or ref is q:
+      continue
+    if "humaneval_results" in q and "humaneval_results" in ref:
+      q["pass_at_1_vs_reference"] = mcnemar_exact(ref["humaneval_results"],
+                                                  q["humaneval_results"])
+    if q["nll"] is not None and ref["nll"] is not None:
+      q["nll_change_vs_reference"] = round(q["nll"] - ref["nll"], 5)
   return out
 
 

@@ -304,6 +304,15 @@ def test_quality_rows_rerun_only_the_named_rows(tiny_target, tiny_drafter, tmp_p
   assert rerun == {"ours_plain_greedy", f"{d}_chain_k2_asd_calibrated"}
   q = rows[f"{d}_chain_k2_asd_calibrated"]["quality_natural_eos"]
   assert q["differs_reference"] == "ours_plain_greedy" and 0 <= q["pass_at_1"] <= 1
+  paired = q["pass_at_1_vs_reference"]
+  assert paired["test"].startswith("McNemar") and 0 < paired["p_value"] <= 1
+  plain = rows["ours_plain_greedy"]["quality_natural_eos"]
+  assert paired["gained"] + paired["lost"] <= paired["problems"] == len(plain["humaneval_results"])
+  assert q["nll_change_vs_reference"] == pytest.approx(q["nll"] - plain["nll"], abs=1e-4)
+  assert "pass_at_1_vs_reference" not in plain
+  printed = capsys.readouterr().out
+  assert f"{d}_chain_k2_asd_calibrated vs ours_plain_greedy (natural EOS, 2 HumanEval" in printed
+  assert "McNemar exact" in printed and "NLL" in printed
   assert report["config"]["asd_calibration"]["max_new_tokens"] == 7
   capsys.readouterr()
   with pytest.raises(SystemExit) as e:   # a misspelt row fails before anything runs
@@ -311,3 +320,18 @@ def test_quality_rows_rerun_only_the_named_rows(tiny_target, tiny_drafter, tmp_p
   err = capsys.readouterr().err
   assert e.value.code == 2 and "--quality-rows: ours_plain, nope" in err
   assert f"{d}_chain_k2_asd_calibrated" in err
+
+
+def test_mcnemar_exact_on_hand_counted_pairs():
+  from asd_jax.bench_quality import mcnemar_exact
+  p, f = "passed", "failed: AssertionError"
+  same = mcnemar_exact([p, f, f], [p, f, f])
+  assert (same["gained"], same["lost"], same["p_value"], same["change_points"]) == (0, 0, 1.0, 0)
+  # 1 gained, 3 lost: two-sided exact p = 2 * (1 + 4) / 16 = 0.625
+  r = mcnemar_exact([p, p, p, f, f, p], [f, f, f, p, f, p])
+  assert (r["gained"], r["lost"]) == (1, 3) and r["p_value"] == 0.625
+  assert r["change_points"] == round(-200 / 6, 3)
+  # 0 gained, 6 lost: p = 2 / 64
+  assert mcnemar_exact([p] * 6, [f] * 6)["p_value"] == 2 / 64
+  with pytest.raises(ValueError, match="same problems"):
+    mcnemar_exact([p], [p, p])
