@@ -13,6 +13,8 @@
 #   standalone  distil the 2-layer standalone drafter
 #   tau         real-decoding tau of the baseline vs the VSD drafter (strict tree 4,4,16)
 #   bench       the benchmark suite (scripts/run_suite.sh, SIZE=small unless set)
+#   sampled     (not in `all`) baseline vs VSD on answers the target sampled at T=1
+#               (preset smollm2_eagle3_sampled: data, both trainings, real-decoding tau)
 #
 # Drafters are exported to $DRAFTERS (default out/pipeline/drafters); DRAFTERS=drafters
 # replaces the shipped ones. Wall times on a 2-core CPU: data ~9 min, eagle3 ~19 min, vsd ~25
@@ -42,12 +44,21 @@ stage() {
                   --draft "$DRAFTERS/smollm2-135m-eagle3,$DRAFTERS/smollm2-135m-eagle3-vsd" \
                   --json "$RUNS/drafter_tau.json" ;;
     bench)      DRAFTS="${DRAFTS:-$DRAFTERS/smollm2-135m-standalone}" scripts/run_suite.sh ;;
-    *) echo "unknown stage '$1' (stages: prepare data eagle3 vsd medusa standalone tau bench)" >&2
+    sampled)    "$PY" -m vsd_jax.build_dataset --config=smollm2_eagle3_sampled
+                for obj in baseline vsd; do
+                  "${TRAIN[@]}" --config=smollm2_eagle3_sampled --objective=$obj \
+                    --workdir="$RUNS/sampled_$obj" --export="$DRAFTERS/sampled_$obj"
+                done
+                "$PY" scripts/drafter_tau.py --tree 4,4,16 --num-prompts 10 --max-new-tokens 128 \
+                  --draft "$DRAFTERS/sampled_baseline,$DRAFTERS/sampled_vsd" \
+                  --json "$RUNS/drafter_tau_sampled.json" ;;
+    *) echo "unknown stage '$1' (stages: prepare data eagle3 vsd medusa standalone tau bench" \
+            "sampled)" >&2
        exit 2 ;;
   esac
 }
 
-[ $# -gt 0 ] || { sed -n '2,19p' "$0"; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,21p' "$0"; exit 2; }
 if [ "$1" = all ]; then
   set -- prepare data eagle3 vsd medusa standalone tau bench
 fi
