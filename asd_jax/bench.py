@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
                  "optional llama-cpp-python; a GGUF target)")
   spec = p.add_argument_group("--mode spec")
   spec.add_argument("--draft", default="smollm2-135m-standalone",
-                    help="comma-separated drafters (names, folders, 'ngram[:MIN-MAX]' or "
+                    help="comma-separated drafters (names, folders, 'ngram[:MIN-MAX][+store]' or "
                     "'self'), each optionally NAME@K for its own chain length")
   spec.add_argument("--k", type=int, default=4, help="chain block length K (default 4)")
   spec.add_argument("--tree", help="DEPTH,TOPK,NODES: also run tree rows")

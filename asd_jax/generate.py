@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
   spec = p.add_argument_group("speculative decoding")
   spec.add_argument("--draft", help="drafter: a known name, a drafter folder, 'ngram' / "
                     "'ngram:MAX' / 'ngram:MIN-MAX' (model-free n-gram lookup in the prompt and "
-                    "output), or 'self' (the target drafts for itself; a correctness check, "
+                    "output; '+store' adds the target's shipped n-gram store as a fallback), "
+                    "or 'self' (the target drafts for itself; a correctness check, "
                     "not a speedup)")
   spec.add_argument("--rule", choices=RULES, help="verification rule (default: strict with a "
                     "draft; plain decoding without)")

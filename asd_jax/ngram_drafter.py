@@ -12,7 +12,8 @@ the row's newest token, continues periodically with period L-1-j (L committed to
 suffix repeats what followed the match, so a repeating output is drafted block after block.
 With no match the row drafts its last token K times (any guess is safe; the target verifies)
 and reports no draft (`has_draft`): a round in which no row has a match costs one plain
-decoding step instead of a K+1-token verification.
+decoding step instead of a K+1-token verification. With an n-gram store (`ngram+store`,
+asd_jax/ngram_store.py) such a row first tries text the target wrote for other prompts.
 
 State: the row's committed tokens by position [B, capacity]. Positions the engine never passes
 (accepted draft tokens between rounds, see drafter_api) are filled by writing each draft at
@@ -27,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from asd_jax.drafter_api import ChainDrafter
+from asd_jax.ngram_store import NgramStore, store_draft
 from asd_jax.request_checks import check_positive_int
 from asd_jax.sampling import SamplingConfig
 
@@ -67,8 +69,10 @@ def lookup_draft(history_BxC: jax.Array, length_B: jax.Array, num_draft: int,
 
 
 def ngram_drafter(num_draft: int, vocab_size: int, *, max_ngram: int = 3,
-                  min_ngram: int = 2) -> ChainDrafter:
-  """A ChainDrafter (no parameters: pass None) proposing K tokens by n-gram lookup.
+                  min_ngram: int = 2, store: NgramStore | None = None) -> ChainDrafter:
+  """A ChainDrafter proposing K tokens by n-gram lookup. Its params are None, or with `store`
+  (asd_jax.ngram_store) the store's tables: a row whose own tokens hold no match drafts the
+  stored continuation of its longest stored suffix instead.
 
   A row without a match of at least min_ngram tokens has no draft worth verifying
   (`has_draft`); when no row in the batch has one, the engine runs a plain decoding step. The
@@ -81,6 +85,9 @@ def ngram_drafter(num_draft: int, vocab_size: int, *, max_ngram: int = 3,
   min_ngram = check_positive_int("min_ngram", min_ngram)
   if min_ngram > max_ngram:
     raise ValueError(f"min_ngram ({min_ngram}) must be <= max_ngram ({max_ngram})")
+  if store is not None and store.vocab_size != vocab_size:
+    raise ValueError(f"the n-gram store was built for a vocabulary of {store.vocab_size} "
+                     f"tokens, the target has {vocab_size}")
 
   def prefill(params, prompt_BxT, lengths_B, capacity):
     del params, lengths_B  # pads past a row's length are overwritten before they are read
@@ -90,12 +97,16 @@ def ngram_drafter(num_draft: int, vocab_size: int, *, max_ngram: int = 3,
     return history_BxC, jnp.zeros((b,), bool)
 
   def propose(params, state, recent_Bx2, positions_Bx2, rng, sampling: SamplingConfig):
-    del params, rng
+    del rng
     history_BxC, _ = state
     rows_Bx1 = jnp.arange(history_BxC.shape[0])[:, None]
     history_BxC = history_BxC.at[rows_Bx1, positions_Bx2].set(recent_Bx2, mode="drop")
     length_B = positions_Bx2[:, 1] + 1
     draft_BxK, found_B = lookup_draft(history_BxC, length_B, k, max_ngram, min_ngram)
+    if params is not None:  # the store's tables: the fallback for rows without a match
+      stored_BxK, stored_B = store_draft(params, history_BxC, length_B, k)
+      draft_BxK = jnp.where(found_B[:, None], draft_BxK, stored_BxK)
+      found_B = found_B | stored_B
     history_BxC = history_BxC.at[rows_Bx1, length_B[:, None] + jnp.arange(k)[None]].set(
         draft_BxK, mode="drop")
     draft_logits = None
@@ -105,12 +116,23 @@ def ngram_drafter(num_draft: int, vocab_size: int, *, max_ngram: int = 3,
     return draft_BxK, draft_logits, (history_BxC, found_B)
 
   return ChainDrafter(prefill=prefill, propose=propose, num_draft=k,
-                      vocab_size=int(vocab_size), name=f"ngram{min_ngram}-{max_ngram}",
+                      vocab_size=int(vocab_size),
+                      name=f"ngram{min_ngram}-{max_ngram}" + ("+store" if store else ""),
                       has_draft=lambda state: state[1])
 
 
+def uses_store(name: str) -> bool:
+  """'ngram+store' / 'ngram:MIN-MAX+store': the target's shipped n-gram store as fallback."""
+  return parse_ngram_name(name) is not None and name.endswith(STORE_SUFFIX)
+
+
+STORE_SUFFIX = "+store"
+
+
 def parse_ngram_name(name: str) -> tuple[int, int] | None:
-  """'ngram' -> (2, 3); 'ngram:4' -> (2, 4); 'ngram:1-4' -> (1, 4); other names -> None."""
+  """'ngram' -> (2, 3); 'ngram:4' -> (2, 4); 'ngram:1-4' -> (1, 4) (each also with '+store');
+  other names -> None."""
+  name = name[:-len(STORE_SUFFIX)] if name.endswith(STORE_SUFFIX) else name
   if name != "ngram" and not name.startswith("ngram:"):
     return None
   if name == "ngram":
@@ -122,7 +144,7 @@ def parse_ngram_name(name: str) -> tuple[int, int] | None:
     lo = min(2, hi) if lo is None else int(lo)
   except ValueError:
     raise ValueError(f"bad n-gram drafter name {name!r}; use 'ngram', 'ngram:MAX' or "
-                     f"'ngram:MIN-MAX' (n-gram sizes)") from None
+                     f"'ngram:MIN-MAX' (n-gram sizes), optionally with '+store'") from None
   if lo <= 0 or hi < lo:
     raise ValueError(f"bad n-gram drafter name {name!r}: need 1 <= MIN <= MAX")
   return lo, hi

@@ -3,7 +3,8 @@
 Kinds: "standalone" (a small LM with the target's tokenizer; chain or dynamic tree), "eagle3"
 (EAGLE-3 head; dynamic trees, a chain being the depth-K top-1 tree), "medusa" (Medusa heads;
 static trees), "ngram" (no model: n-gram lookup in the request's own tokens; chains only;
-named 'ngram', 'ngram:MAX' or 'ngram:MIN-MAX'). "self" makes the target its own standalone
+named 'ngram', 'ngram:MAX' or 'ngram:MIN-MAX', each optionally '+store': the target's shipped
+n-gram store as a fallback). "self" makes the target its own standalone
 drafter (a correctness check).
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 from asd_jax.draft_tree import TreeDrafter, TreeShape, lm_tree_drafter
 from asd_jax.drafter_api import ChainDrafter, lm_chain_drafter
 from asd_jax.lm_api import LanguageModelFns
-from asd_jax.ngram_drafter import ngram_drafter, parse_ngram_name
+from asd_jax.ngram_drafter import ngram_drafter, parse_ngram_name, uses_store
 from models.errors import CheckpointError
 from models.load import LoadedModel
 from models.lm_fns import decoder_fns
@@ -66,6 +67,17 @@ def infer_kind(name_or_path: str | os.PathLike) -> str:
   return "standalone"
 
 
+def ngram_store_for(target_name: str, vocab_size: int):
+  """The n-gram store shipped for a target name: drafters/<target>-ngram-store."""
+  from asd_jax.ngram_store import StoreError, load_store
+  from models.drafter_folder import DRAFTERS_DIR
+  folder = DRAFTERS_DIR / f"{target_name}-ngram-store"
+  if not folder.is_dir():
+    raise StoreError(f"no n-gram store for target {target_name!r} (looked for {folder}); build "
+                     "one from a training dataset with python -m asd_jax.ngram_store")
+  return load_store(folder, vocab_size)
+
+
 def setup_drafter(name_or_path: str, target: LoadedModel, *, k: int,
                   tree: TreeShape | None = None, kind: str | None = None,
                   dtype: str = "float32", target_name: str = "target") -> DrafterSetup:
@@ -87,8 +99,12 @@ def setup_drafter(name_or_path: str, target: LoadedModel, *, k: int,
                        f"'ngram:MAX' or 'ngram:MIN-MAX'), got {name_or_path!r}")
     if tree is not None:
       raise ValueError("the n-gram drafter drafts chains only; drop --tree")
-    drafter = ngram_drafter(k, plain_fns.vocab_size, min_ngram=sizes[0], max_ngram=sizes[1])
-    return DrafterSetup(kind, drafter, None, plain_fns, plain_params)
+    store = ngram_store_for(target_name, plain_fns.vocab_size) if uses_store(
+        str(name_or_path)) else None
+    drafter = ngram_drafter(k, plain_fns.vocab_size, min_ngram=sizes[0], max_ngram=sizes[1],
+                            store=store)
+    return DrafterSetup(kind, drafter, None if store is None else store.tables, plain_fns,
+                        plain_params)
   if kind == "standalone":
     if str(name_or_path) == "self":
       fns, params = plain_fns, plain_params

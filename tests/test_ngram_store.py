@@ -1,0 +1,176 @@
+"""The n-gram store (the n-gram drafter's fallback): its table against a plain-Python
+reference, the in-loop lookup, hash collisions, saving/loading, and the engine with it."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import asd_jax.ngram_store as ngram_store
+from asd_jax.ngram_drafter import ngram_drafter, parse_ngram_name, uses_store
+from asd_jax.ngram_store import (MAX_CONTINUATION, StoreError, build_store, fnv_hash,
+                                 load_store, save_store, store_draft)
+from asd_jax.plain_decode import plain_decode
+from asd_jax.spec_decode import asd_decode
+from models.lm_fns import decoder_fns
+from tests.fake_lm import fake_lm
+from tests.test_spec_decode import _assert_equal_up_to_near_ties as assert_equal_up_to_near_ties
+from tests.tiny_models import random_decoder, random_prompts
+
+
+def reference_continuation(sequences, gram):
+  """The rule in plain Python: the most frequent next token after `gram` (ties: the one whose
+  latest occurrence is latest), then the rest of its latest occurrence, within its sequence."""
+  n = len(gram)
+  occurrences = []  # (order in the stream, sequence, end index)
+  order = 0
+  for s, seq in enumerate(sequences):
+    for e in range(n - 1, len(seq) - 1):
+      if list(seq[e - n + 1:e + 1]) == list(gram):
+        occurrences.append((order + e, s, e))
+    order += len(seq) + 1
+  if not occurrences:
+    return None
+  by_next = {}
+  for o in occurrences:
+    by_next.setdefault(sequences[o[1]][o[2] + 1], []).append(o)
+  best = max(by_next.values(), key=lambda group: (len(group), max(group)))
+  _, s, e = max(best)
+  return list(sequences[s][e + 1:e + 1 + MAX_CONTINUATION])
+
+
+def reference_draft(sequences, history, k, min_n, max_n):
+  for n in range(max_n, min_n - 1, -1):
+    if len(history) < n:
+      continue
+    cont = reference_continuation(sequences, history[-n:])
+    if cont is not None:
+      return (cont + [cont[-1]] * k)[:k], True
+  return None, False
+
+
+def _draft(store, history, k):
+  hist = np.zeros((1, len(history) + 4), np.int32)
+  hist[0, :len(history)] = history
+  draft, found = store_draft(store.tables, hist, np.array([len(history)], np.int32), k)
+  return np.asarray(draft)[0].tolist(), bool(found[0])
+
+
+def test_hand_built_store():
+  seqs = [[1, 2, 3, 4, 5], [1, 2, 3, 9], [1, 2, 3, 9, 7], [6, 1, 2]]
+  store = build_store(seqs, vocab_size=10, min_n=2, max_n=3)
+  # (1, 2, 3) is followed by 9 twice and by 4 once: 9, then the latest occurrence's rest (7).
+  assert _draft(store, [8, 1, 2, 3], 3) == ([9, 7, 7], True)
+  # (6, 1, 2) ends its sequence: not stored; the bigram (1, 2) is (next token 3, 3 times).
+  assert _draft(store, [6, 1, 2], 2) == ([3, 9], True)
+  # Nothing crosses a sequence end: (5, 1) never occurs inside one sequence.
+  assert _draft(store, [4, 5, 1], 2)[1] is False
+  assert _draft(store, [0], 2)[1] is False  # shorter than every n
+  assert store.entries == sum(len(t["hashes"]) for t in store.tables.values())
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=12), min_size=1, max_size=5),
+       st.lists(st.integers(0, 4), min_size=1, max_size=8), st.integers(1, 10),
+       st.integers(1, 2), st.integers(0, 2))
+def test_lookup_matches_the_reference(seqs, history, k, min_n, extra):
+  max_n = min_n + extra
+  store = build_store(seqs, vocab_size=5, min_n=min_n, max_n=max_n)
+  want, found = reference_draft(seqs, history, k, min_n, max_n)
+  got, got_found = _draft(store, history, k)
+  assert got_found == found
+  if found:
+    assert got == want
+
+
+def test_jax_hash_equals_numpy_hash():
+  grams = np.random.RandomState(0).randint(0, 49152, (50, 4))
+  import jax.numpy as jnp
+  assert (np.asarray(ngram_store._fnv_hash_jax(jnp.asarray(grams, jnp.int32)))
+          == fnv_hash(grams)).all()
+
+
+def test_a_hash_collision_never_returns_another_ngrams_continuation(monkeypatch):
+  # Every bigram starting with an even token hashes alike: (2, 1) x2 wins the slot over (4, 1).
+  monkeypatch.setattr(ngram_store, "fnv_hash", lambda g: (g[..., 0] % 2).astype(np.uint32))
+  monkeypatch.setattr(ngram_store, "_fnv_hash_jax", lambda g: (g[..., 0] % 2).astype("uint32"))
+  store = build_store([[2, 1, 5], [2, 1, 5], [4, 1, 6]], vocab_size=8, min_n=2, max_n=2)
+  assert _draft(store, [2, 1], 2) == ([5, 5], True)
+  assert _draft(store, [4, 1], 2)[1] is False  # its slot holds (2, 1): exact check refuses
+
+
+def test_save_load_and_refusals(tmp_path):
+  seqs = [[1, 2, 3, 4], [2, 3, 5]]
+  store = save_store(seqs, 10, tmp_path / "s", {"target": "toy"}, min_n=2, max_n=3)
+  loaded = load_store(tmp_path / "s", 10)
+  for n in store.tables:
+    for key in store.tables[n]:
+      assert np.array_equal(store.tables[n][key], loaded.tables[n][key])
+  with pytest.raises(StoreError, match="vocabulary of 10 tokens .*'toy'.* has 12"):
+    load_store(tmp_path / "s", 12)
+  with pytest.raises(StoreError, match="cannot read"):
+    load_store(tmp_path / "missing", 10)
+  with pytest.raises(ValueError, match=r"token ids must be in \[0, 4\)"):
+    build_store(seqs, vocab_size=4)
+  with pytest.raises(ValueError, match="non-empty"):
+    build_store([[]], vocab_size=4)
+  with pytest.raises(ValueError, match="vocabulary of 10 tokens, the target has 12"):
+    ngram_drafter(2, 12, store=store)
+
+
+def test_names():
+  assert parse_ngram_name("ngram+store") == (2, 3) and uses_store("ngram+store")
+  assert parse_ngram_name("ngram:1-4+store") == (1, 4) and uses_store("ngram:1-4+store")
+  assert not uses_store("ngram:4") and not uses_store("eagle3+store")
+  with pytest.raises(ValueError, match="optionally with '\\+store'"):
+    parse_ngram_name("ngram:x+store")
+
+
+def test_setup_finds_the_shipped_store_by_target_name_and_refuses_unknown_targets():
+  from models.drafter_setup import setup_drafter
+  from models.load import LoadedModel
+  model = random_decoder(seed=0, vocab=61, num_layers=1)
+  loaded = LoadedModel(cfg=model.cfg, model=model, hf_config={}, source="test")
+  with pytest.raises(StoreError, match="no n-gram store for target 'toy'"):
+    setup_drafter("ngram+store", loaded, k=3, target_name="toy")
+  # The shipped SmolLM2 store is for a 49152-token vocabulary, not this 61-token target.
+  with pytest.raises(StoreError, match="vocabulary of 49152"):
+    setup_drafter("ngram+store", loaded, k=3, target_name="smollm2-135m")
+
+
+def test_store_rounds_are_verified_and_accepted():
+  # The fake target counts modulo 16. The store holds the counting text, the prompt does not
+  # repeat, so every draft comes from the store and all of it is right.
+  fns = fake_lm(vocab_size=16)
+  store = build_store([list(range(16))], vocab_size=16, min_n=2, max_n=3)
+  k = 3
+  prompt = np.array([[0, 1, 2]], np.int32)
+  out = asd_decode(fns, None, ngram_drafter(k, 16, store=store), store.tables, prompt,
+                   np.array([3], np.int32), max_new_tokens=12)
+  assert np.asarray(out.tokens_BxN)[0].tolist() == [3 + i for i in range(12)]
+  # The prefill's token, then rounds of K accepted + 1: 11 tokens need 3 rounds.
+  assert int(out.stats.rounds_B[0]) == 3 and int(out.stats.accepted_B[0]) >= 2 * k
+  without = asd_decode(fns, None, ngram_drafter(k, 16), None, prompt, np.array([3], np.int32),
+                       max_new_tokens=12)
+  assert int(without.stats.accepted_B[0]) == 0  # control: nothing repeats in the request
+
+
+@pytest.mark.parametrize("batch,k", [(1, 2), (3, 4)])
+def test_strict_with_a_store_equals_plain_greedy(batch, k):
+  vocab = 61
+  fns, params = decoder_fns(random_decoder(seed=k, vocab=vocab, num_layers=2))
+  rng = np.random.RandomState(k)
+  prompt, lengths = random_prompts(rng, batch, 16, 5)
+  want = plain_decode(fns, params, prompt, lengths, max_new_tokens=30).tokens_BxN
+  # The store: the target's own greedy answers to other prompts (what it tends to write).
+  other, other_len = random_prompts(np.random.RandomState(100 + k), 6, 16, 5)
+  answers = np.asarray(plain_decode(fns, params, other, other_len, max_new_tokens=30).tokens_BxN)
+  store = build_store([list(a) for a in answers], vocab, min_n=2, max_n=4)
+  got = asd_decode(fns, params, ngram_drafter(k, vocab, store=store), store.tables, prompt,
+                   lengths, max_new_tokens=30)
+  assert_equal_up_to_near_ties(params, prompt, lengths, got.tokens_BxN, want)
+  plain_ngram = asd_decode(fns, params, ngram_drafter(k, vocab), None, prompt, lengths,
+                           max_new_tokens=30)
+  # The store only adds drafts where the request's own tokens had none.
+  assert (int(np.asarray(got.stats.accepted_B).sum())
+          >= int(np.asarray(plain_ngram.stats.accepted_B).sum()))
