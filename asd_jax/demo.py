@@ -26,7 +26,7 @@ PROMPTS = (
 )
 MAX_NEW = 96
 DRAFTERS = ("smollm2-135m-standalone", "smollm2-135m-eagle3")  # best measured tau first
-NGRAM = ("ngram", 3)  # the model-free drafter and its K
+NGRAM = ("ngram+store", 3)  # the model-free drafter (with the target's n-gram store) and its K
 STREAMED = 1  # the prompt whose answer is streamed (a long one)
 
 
@@ -55,7 +55,7 @@ def main() -> None:
   setup = setup_drafter(draft, target, k=2) if draft else None
   if setup is None:
     print("no shipped drafter found; the n-gram drafter only")
-  ngram = setup_drafter(NGRAM[0], target, k=NGRAM[1])
+  ngram = setup_drafter(NGRAM[0], target, k=NGRAM[1], target_name=DEFAULT_TARGET)
   from models.lm_fns import decoder_fns
   plain_fns, plain_params = decoder_fns(target.model)  # no hidden states: the honest baseline
 
@@ -78,7 +78,7 @@ def main() -> None:
     print(f"\n>>> {prompt_text}\n{text}")
     print(f"  plain          {n / plain_s:6.1f} tok/s")
     runs = [("strict", setup, "strict"), ("asd", setup, "asd")] if setup else []
-    runs.append(("ngram strict", ngram, "strict"))
+    runs.append(("n-gram strict", ngram, "strict"))
     for label, s, rule in runs:
       out, dt = _timed(lambda: s.decode(s.target_fns, s.target_params, s.drafter, s.params,
                                         prompt, lengths, max_new_tokens=MAX_NEW, rule=rule,
@@ -86,14 +86,15 @@ def main() -> None:
       m = int(out.num_generated_B[0])
       same = np.array_equal(np.asarray(out.tokens_BxN[0, :m]), np.asarray(plain.tokens_BxN[0, :n]))
       summary = out.stats.summary()
-      print(f"  {label:12s}   {m / dt:6.1f} tok/s  tau {summary['tau']:.2f}  "
+      print(f"  {label:13s}  {m / dt:6.1f} tok/s  tau {summary['tau']:.2f}  "
             f"speedup {(m / dt) / (n / plain_s):.2f}x  same text as plain: {same}"
             + (f"  exceptions {summary['asd_exceptions'][0]}" if rule == "asd" else ""))
   if setup:
     print(f"\ndrafter: {draft} ({setup.kind}, {setup.engine}, K=2); ASD preset: budget "
           f"{PAPER.budget}, gate {PAPER.gate}, max exceptions {PAPER.max_exceptions}")
   low, high = parse_ngram_name(NGRAM[0])
-  print(f"n-gram drafter: {NGRAM[0]} (n = {high} down to {low}, K={NGRAM[1]}), no model")
+  print(f"n-gram drafter: {NGRAM[0]} (n = {high} down to {low} in the request, then the "
+        f"target's n-gram store; K={NGRAM[1]}), no model")
 
 
 if __name__ == "__main__":
