@@ -293,8 +293,8 @@ def test_quality_rows_rerun_only_the_named_rows(tiny_target, tiny_drafter, tmp_p
   out = tmp_path / "quality.json"
   d = str(tiny_drafter)
   base = ["--mode", "spec", "--target", str(tiny_target), "--draft", d, "--k", "2",
-          "--num-prompts", "2", "--max-new-tokens", "3", "--skip-transformers", "--quality",
-          "--calibrate-prompts", "2", "--calibrate-max-new-tokens", "7",
+          "--num-prompts", "1", "--max-new-tokens", "3", "--skip-transformers", "--quality",
+          "--calibrate-prompts", "1", "--calibrate-max-new-tokens", "7",
           "--quality-max-new-tokens", "8"]
   bench.main(base + ["--quality-rows", f"ours_plain_greedy,{d}_chain_k2_asd_calibrated",
                      "--json", str(out)])
@@ -311,7 +311,7 @@ def test_quality_rows_rerun_only_the_named_rows(tiny_target, tiny_drafter, tmp_p
   assert q["nll_change_vs_reference"] == pytest.approx(q["nll"] - plain["nll"], abs=1e-4)
   assert "pass_at_1_vs_reference" not in plain
   printed = capsys.readouterr().out
-  assert f"{d}_chain_k2_asd_calibrated vs ours_plain_greedy (natural EOS, 2 HumanEval" in printed
+  assert f"{d}_chain_k2_asd_calibrated vs ours_plain_greedy (natural EOS, 1 HumanEval" in printed
   assert "McNemar exact" in printed and "NLL" in printed
   assert report["config"]["asd_calibration"]["max_new_tokens"] == 7
   capsys.readouterr()
