@@ -121,12 +121,12 @@ def ngram_drafter(num_draft: int, vocab_size: int, *, max_ngram: int = 3,
                       has_draft=lambda state: state[1])
 
 
+STORE_SUFFIX = "+store"
+
+
 def uses_store(name: str) -> bool:
   """'ngram+store' / 'ngram:MIN-MAX+store': the target's shipped n-gram store as fallback."""
   return parse_ngram_name(name) is not None and name.endswith(STORE_SUFFIX)
-
-
-STORE_SUFFIX = "+store"
 
 
 def parse_ngram_name(name: str) -> tuple[int, int] | None:
