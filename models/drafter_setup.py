@@ -74,7 +74,7 @@ def ngram_store_for(target_name: str, vocab_size: int):
   folder = DRAFTERS_DIR / f"{target_name}-ngram-store"
   if not folder.is_dir():
     raise StoreError(f"no n-gram store for target {target_name!r} (looked for {folder}); build "
-                     "one from a training dataset with python -m asd_jax.ngram_store")
+                     "one from a training dataset with scripts/build_ngram_store.py")
   return load_store(folder, vocab_size)
 
 
@@ -96,7 +96,8 @@ def setup_drafter(name_or_path: str, target: LoadedModel, *, k: int,
     sizes = parse_ngram_name(str(name_or_path))
     if sizes is None:
       raise ValueError(f"drafter kind 'ngram' needs an n-gram drafter name ('ngram', "
-                       f"'ngram:MAX' or 'ngram:MIN-MAX'), got {name_or_path!r}")
+                       f"'ngram:MAX' or 'ngram:MIN-MAX', optionally with '+store'), got "
+                       f"{name_or_path!r}")
     if tree is not None:
       raise ValueError("the n-gram drafter drafts chains only; drop --tree")
     store = ngram_store_for(target_name, plain_fns.vocab_size) if uses_store(
