@@ -213,12 +213,17 @@ def _check_args(args) -> tuple[str, ...]:
   return suites
 
 
+def _other_engine(row: str) -> bool:
+  """A row of another engine (row name or runner key): no natural-EOS quality rerun for it."""
+  return row == "assisted" or row.startswith(("transformers_", "llama_cpp_"))
+
+
 def _quality_rows(args, rows: tuple[str, ...]) -> list[str]:
   """--quality-rows checked against the rows this run makes (before any of them runs)."""
   if args.quality_rows is None:
     return []
   wanted = [r for r in args.quality_rows.split(",") if r]
-  ours = [r for r in rows if not r.startswith(("transformers_", "llama_cpp_", "assisted"))]
+  ours = [r for r in rows if not _other_engine(r)]
   unknown = [r for r in wanted if r not in ours]
   if unknown or not wanted:
     raise ValueError(f"--quality-rows: {', '.join(unknown) or 'no rows given'}; this run's own "
@@ -271,10 +276,10 @@ def main(argv=None):
   runners = dict(RUNNERS)
   calibrated, calibration, quality_rows = None, None, []
   if args.mode in ("spec", "suite"):
-    # A misspelt --quality-rows fails before calibration and the timed rows (same names as
-    # below: the calibrated preset's values do not enter them).
-    _quality_rows(args, rows + ("assisted",) * bool(args.assisted)
-                  + tuple(spec_runners(args, PAPER if args.calibrate_prompts else None)))
+    # A misspelt --quality-rows fails before calibration and the timed rows. The row names are
+    # the ones spec_runners makes below: the calibrated preset's values do not enter them.
+    quality_rows = _quality_rows(
+        args, rows + tuple(spec_runners(args, PAPER if args.calibrate_prompts else None)))
     if args.calibrate_prompts:
       calibrated, calibration = bench_suite.calibrate_for_bench(
           ctx, *drafts(args)[0], suites, args.num_prompts, args.calibrate_prompts,
@@ -289,7 +294,6 @@ def main(argv=None):
     extra = spec_runners(args, calibrated)
     runners.update(extra)
     rows = rows + (("assisted",) if args.assisted else ()) + tuple(extra)
-    quality_rows = _quality_rows(args, rows)
 
   prepared = [runners[name](ctx) for name in rows]
   results = run_rows(ctx, prepared)
@@ -319,8 +323,7 @@ def main(argv=None):
                                         pass_at_1=False)
     natural = {}
     if args.quality:
-      ours = quality_rows or [r.name for r in results
-                              if not r.name.startswith(("transformers_", "llama_cpp_"))]
+      ours = quality_rows or [r.name for r in results if not _other_engine(r.name)]
       natural = bench_suite.natural_eos_quality(ctx, runners, ours,
                                                 args.quality_max_new_tokens, prompt_ids,
                                                 prompts_ids)
