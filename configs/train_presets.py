@@ -134,6 +134,11 @@ DRAFTERS = ("eagle3", "medusa", "standalone")
 
 _TINY_DATA = DataConfig(num_prompts=96, heldout_prompts=16, max_new_tokens=24, gen_batch=16)
 
+_SMOLLM2_EAGLE3 = TrainConfig(
+    name="smollm2_eagle3", drafter="eagle3", data_dir="out/data/smollm2",
+    draft_vocab_size=8192, ttt_steps=4, seq_len=192, batch_size=4, steps=240, lr=1.5e-3,
+    warmup_steps=10, log_every=10, eval_every=80, eval_examples=32, ckpt_every=40)
+
 PRESETS: dict[str, TrainConfig] = {
     "tiny": TrainConfig(
         name="tiny", target="tiny", drafter="eagle3", data=_TINY_DATA, draft_vocab_size=48,
@@ -150,18 +155,13 @@ PRESETS: dict[str, TrainConfig] = {
         log_every=5, eval_every=20, eval_examples=16, ckpt_every=10, eval_tree=(3, 2)),
     # SmolLM2-135M-Instruct target; one shared dataset (out/data/smollm2). Sized for a 2-core CPU
     # run of ~15 minutes; on accelerators raise steps / batch_size.
-    "smollm2_eagle3": TrainConfig(
-        name="smollm2_eagle3", drafter="eagle3", data_dir="out/data/smollm2",
-        draft_vocab_size=8192, ttt_steps=4, seq_len=192, batch_size=4, steps=240, lr=1.5e-3,
-        warmup_steps=10, log_every=10, eval_every=80, eval_examples=32, ckpt_every=40),
+    "smollm2_eagle3": _SMOLLM2_EAGLE3,
     # The same recipe on answers the target *sampled* (T=1): text from the target's distribution
     # that is not its greedy choice, like human or sampled data in the VSD paper. VSD's oracle is
     # then a target forward (vsd_oracle=target), the baseline learns the sampled tokens.
-    "smollm2_eagle3_sampled": TrainConfig(
-        name="smollm2_eagle3_sampled", drafter="eagle3", data_dir="out/data/smollm2_sampled",
-        data=DataConfig(answer_temperature=1.0), vsd_oracle="target",
-        draft_vocab_size=8192, ttt_steps=4, seq_len=192, batch_size=4, steps=240, lr=1.5e-3,
-        warmup_steps=10, log_every=10, eval_every=80, eval_examples=32, ckpt_every=40),
+    "smollm2_eagle3_sampled": dataclasses.replace(
+        _SMOLLM2_EAGLE3, name="smollm2_eagle3_sampled", data_dir="out/data/smollm2_sampled",
+        data=DataConfig(answer_temperature=1.0), vsd_oracle="target"),
     "smollm2_medusa": TrainConfig(
         name="smollm2_medusa", drafter="medusa", data_dir="out/data/smollm2", medusa_heads=4,
         seq_len=256, batch_size=4, steps=200, lr=1e-3, warmup_steps=20, eval_every=50,
