@@ -5,9 +5,9 @@
 Prompts come from scripts/training_prompts.py (templated, disjoint from HumanEval and
 MT-Bench); the first `num_prompts` form "train", the next `heldout_prompts` "heldout". The
 target answers with its chat template and `asd_jax.plain_decode` (one jitted program, fixed
-batch; rows sorted by length so padding stays small): greedy, or sampled at the preset's
-`answer_temperature` with one seed per prompt (so an answer does not depend on its batch). The tiny preset's target is
-random, so its prompts are random token ids.
+batch; rows sorted by length so padding stays small): greedy, or for the train split sampled at
+the preset's `answer_temperature` with one seed per prompt (so an answer does not depend on its
+batch). The tiny preset's target is random, so its prompts are random token ids.
 
 Answers are cached in out/distill_data_<hash>.npz (the same cache, and key, as
 scripts/distill_standalone_drafter.py), so rebuilding or switching storage costs no target time.
