@@ -103,7 +103,7 @@ def ngram_drafter(num_draft: int, vocab_size: int, *, max_ngram: int = 3,
     history_BxC = history_BxC.at[rows_Bx1, positions_Bx2].set(recent_Bx2, mode="drop")
     length_B = positions_Bx2[:, 1] + 1
     draft_BxK, found_B = lookup_draft(history_BxC, length_B, k, max_ngram, min_ngram)
-    if params is not None:  # the store's tables: the fallback for rows without a match
+    if store is not None:  # params are the store's tables: the fallback for rows without a match
       stored_BxK, stored_B = store_draft(params, history_BxC, length_B, k)
       draft_BxK = jnp.where(found_B[:, None], draft_BxK, stored_BxK)
       found_B = found_B | stored_B

@@ -44,7 +44,8 @@ class StoreError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class NgramStore:
-  """Per n (min_n..max_n): sorted hashes [M], n-grams [M, n], continuations [M, L], lengths [M].
+  """Per n (min_n..max_n): sorted hashes [M], n-grams [M, n], continuations [M, L] (padded
+  past their end with their last token, so the loop needs no lengths).
 
   `tables` is a pytree of numpy arrays; it is the n-gram drafter's params, so the decode loop
   gets it as an argument instead of baking megabytes of constants into the program.
@@ -118,10 +119,9 @@ def build_store(sequences: Sequence[Sequence[int]], vocab_size: int, min_n: int 
     pick = pick[last_of_hash]
     cont = padded[g_end[pick][:, None] + 1 + np.arange(MAX_CONTINUATION)[None]]
     stop = np.cumsum(cont < 0, axis=1) > 0
-    length = (~stop).sum(axis=1)
-    cont = np.where(stop, cont[np.arange(len(cont)), np.maximum(length - 1, 0)][:, None], cont)
+    last = cont[np.arange(len(cont)), (~stop).sum(axis=1) - 1]  # >= 1 token: the next one
     tables[n] = {"hashes": g_hash[pick], "grams": g_gram[pick].astype(np.int32),
-                 "continuations": cont.astype(np.int32), "lengths": length.astype(np.int32)}
+                 "continuations": np.where(stop, last[:, None], cont).astype(np.int32)}
   return NgramStore(min_n, max_n, int(vocab_size), tables, int(sum(map(len, seqs))))
 
 
