@@ -118,8 +118,8 @@ class TrainConfig:
       raise ValueError(f"vsd_oracle must be data or target, got {self.vsd_oracle!r}")
     if self.vsd_oracle == "data" and not self.data.greedy:
       raise ValueError("vsd_oracle=data needs the target's greedy answers as training text; "
-                       f"this preset samples them (answer_temperature={self.data.answer_temperature})"
-                       ", so use vsd_oracle=target")
+                       "this preset samples them (answer_temperature="
+                       f"{self.data.answer_temperature}), so use vsd_oracle=target")
     for f in ("vsd_lambda_div", "vsd_lambda_wl", "vsd_lambda_car", "vsd_eta", "diag_positions"):
       if not getattr(self, f) >= 0:  # also refuses NaN
         raise ValueError(f"{f} must be >= 0, got {getattr(self, f)}")
