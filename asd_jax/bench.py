@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="flag a protocol triple whose strict passes differ by more (0.03)")
   suite.add_argument("--quality", action=argparse.BooleanOptionalAction,
                      help="natural-EOS rerun of our rows: NLL, share differing from strict, "
-                          "HumanEval pass@1")
+                          "HumanEval pass@1 (with --natural-eos these come from the timed rows)")
   suite.add_argument("--quality-max-new-tokens", type=int, default=256)
   suite.add_argument("--quality-rows", metavar="ROW,ROW,...",
                      help="rerun only these rows with natural EOS (default: all of ours); e.g. "
@@ -124,9 +124,14 @@ def resolve_suite_flags(args) -> None:
   suite = args.mode == "suite"
   if args.calibrate_prompts is None:
     args.calibrate_prompts = 8 if suite else 0
-  for flag in ("protocol", "quality"):
-    if getattr(args, flag) is None:
-      setattr(args, flag, suite)
+  if args.protocol is None:
+    args.protocol = suite
+  if args.quality is None:
+    args.quality = suite and args.ignore_eos   # natural-EOS timed rows carry their own quality
+  if args.quality and not args.ignore_eos:
+    raise ValueError("--quality reruns rows with natural EOS, which --natural-eos timed rows "
+                     "already are: their quality columns (pass@1 included) come from them; "
+                     "drop --quality")
   if args.assisted is None:
     args.assisted = suite and not args.skip_transformers
   if (args.calibrate_prompts < 0 or args.quality_max_new_tokens <= 0 or args.drift_tol < 0
@@ -319,9 +324,11 @@ def main(argv=None):
   if args.mode in ("spec", "suite"):
     prompt_ids = [(p.suite, p.prompt_id) for p in prompts]
     prompts_ids = [ids for _, ids in encoded]
-    fixed = bench_suite.quality_columns(ctx, table_rows, results, prompt_ids, prompts_ids,
-                                        pass_at_1=False)
-    natural = {}
+    # With --natural-eos the timed outputs are the natural-EOS outputs, so their quality
+    # columns, HumanEval pass@1 included, are read from them rather than from a rerun.
+    timed = bench_suite.quality_columns(ctx, table_rows, results, prompt_ids, prompts_ids,
+                                        pass_at_1=not args.ignore_eos)
+    fixed, natural = (timed, {}) if args.ignore_eos else ({}, timed)
     if args.quality:
       ours = quality_rows or [r.name for r in results if not _other_engine(r.name)]
       natural = bench_suite.natural_eos_quality(ctx, runners, ours,
@@ -331,7 +338,8 @@ def main(argv=None):
       q = natural.get(row["name"]) or fixed.get(row["name"]) or {}
       row["nll"], row["differs_from_strict"] = q.get("nll"), q.get("differs_from_strict")
       row["pass_at_1"] = q.get("pass_at_1")
-      row["quality_fixed_workload"] = fixed.get(row["name"])
+      if args.ignore_eos:
+        row["quality_fixed_workload"] = fixed.get(row["name"])
       if row["name"] in natural:
         row["quality_natural_eos"] = natural[row["name"]]
   print(f"{args.target} | mode {args.mode} | {', '.join(suites)} x {args.num_prompts} prompts | "

@@ -322,6 +322,33 @@ def test_quality_rows_rerun_only_the_named_rows(tiny_target, tiny_drafter, tmp_p
   assert f"{d}_chain_k2_asd_calibrated" in err
 
 
+def test_natural_eos_timed_rows_carry_their_own_quality(tiny_target, tiny_drafter, tmp_path,  # noqa: F811
+                                                         capsys):
+  """With --natural-eos the timed outputs are the quality outputs: pass@1 and the paired test
+  come from them, nothing is rerun, and asking for the rerun as well is refused."""
+  out = tmp_path / "natural.json"
+  d = str(tiny_drafter)
+  base = ["--mode", "spec", "--target", str(tiny_target), "--draft", d, "--k", "2",
+          "--suite", "humaneval", "--num-prompts", "2", "--max-new-tokens", "6", "--natural-eos",
+          "--skip-transformers", "--calibrate-prompts", "1", "--calibrate-max-new-tokens", "5"]
+  bench.main(base + ["--json", str(out)])
+  report = json.loads(out.read_text())
+  rows = {r["name"]: r for r in report["rows"]}
+  assert not report["config"]["quality"]
+  for name, row in rows.items():
+    assert "quality_fixed_workload" not in row, name
+    q = row["quality_natural_eos"]
+    assert len(q["humaneval_results"]) == 2 and q["pass_at_1"] == row["pass_at_1"]
+    assert q["mean_new_tokens"] == pytest.approx(row["new_tokens"] / 2)   # the timed outputs
+  paired = rows[f"{d}_chain_k2_asd_calibrated"]["quality_natural_eos"]["pass_at_1_vs_reference"]
+  assert paired["problems"] == 2 and paired["test"].startswith("McNemar")
+  assert rows[f"{d}_chain_k2_strict"]["differs_from_strict"] == 0
+  capsys.readouterr()
+  with pytest.raises(SystemExit) as e:
+    bench.main(base + ["--quality"])
+  assert e.value.code == 2 and "drop --quality" in capsys.readouterr().err
+
+
 def test_mcnemar_exact_on_hand_counted_pairs():
   from asd_jax.bench_quality import mcnemar_exact
   p, f = "passed", "failed: AssertionError"
