@@ -30,9 +30,8 @@ def enable_compilation_cache() -> None:
   """Persists compiled programs across CLI runs (a second `generate` skips most compilation).
 
   ASD_JAX_COMPILATION_CACHE=0 leaves it off. The test suite sets that: the setting is
-  process-wide, so one in-process CLI call made every later compile in that pytest worker
-  serialize its executable, and that serialization segfaulted a worker on the 2-core CI machine
-  (in jax's put_executable_and_time, never reproduced in a single process)."""
+  process-wide, so one in-process CLI call would make every later compile in that pytest worker
+  serialize its executable to disk."""
   switch = os.environ.get(COMPILATION_CACHE_ENV, "1")
   if switch not in ("0", "1"):
     raise ValueError(f"{COMPILATION_CACHE_ENV} must be 0 or 1, got {switch!r}")
