@@ -347,9 +347,11 @@ def main(argv=None):
         f"{'EOS ignored' if args.ignore_eos else 'natural EOS'} | batch {args.batch_size} | "
         f"repeats {args.repeats}")
   print(bench_report.format_table(table_rows))
-  paired = bench_report.format_paired_quality(table_rows)
-  if paired:
-    print(paired)
+  triples = config["protocol"] if args.protocol else []   # config_dict's flag, else triples
+  for lines in (bench_report.format_protocol_gains(triples),
+                bench_report.format_paired_quality(table_rows)):
+    if lines:
+      print(lines)
   load = bench_report.load_average()
   if load is not None and load > (os.cpu_count() or 1):
     print(f"note: 1-minute load average {load} > {os.cpu_count()} cores: other processes "

@@ -151,6 +151,19 @@ def write_json(path: str | os.PathLike, machine: dict, config: dict, rows: list[
     f.write("\n")
 
 
+def format_protocol_gains(triples: Sequence[dict]) -> str:
+  """One line per protocol triple: the tokens/s gain and the wall-clock gain per whole pass,
+  which differ when ASD changes how long the answers are."""
+  lines = []
+  for t in triples:
+    line = f"protocol {t['asd_row']} vs {t['strict_row']}: tokens/s {t['gain']:+.1%}"
+    if t.get("wall_gain") is not None:
+      line += f", speed per whole answer {t['wall_gain']:+.1%}"
+    line += f" (strict drift {t['drift']:.1%}{', flagged' if t['drift_flag'] else ''})"
+    lines.append(line)
+  return "\n".join(lines)
+
+
 def format_paired_quality(table_rows: Sequence[dict]) -> str:
   """One line per row whose natural-EOS quality was paired with a reference row: the pass@1
   change with its McNemar test and the NLL change (empty when there is none)."""

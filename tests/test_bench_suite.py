@@ -63,7 +63,18 @@ def test_triple_gain_and_drift_flag():
   assert t["gain"] == pytest.approx(110.16 / 102 - 1, abs=1e-4)
   assert t["drift"] == pytest.approx(4 / 102, abs=1e-4) and t["drift_flag"]
   assert not bench_protocol.triple_summary(s1, a, s1)["drift_flag"]
-  assert t["passes"] == [s1, a, s2]
+  assert t["passes"] == [s1, a, s2] and t["wall_gain"] is None   # no wall times given
+  # ASD writes 20% more tokens in the same time: +20% tokens/s, no time saved per answer.
+  s, longer = {"row": "s", "tokens_per_s": 100.0, "wall_s": 10.0}, {"row": "a",
+                                                                    "tokens_per_s": 120.0,
+                                                                    "wall_s": 10.0}
+  t = bench_protocol.triple_summary(s, longer, s)
+  assert t["gain"] == pytest.approx(0.2) and t["wall_gain"] == 0
+  faster = dict(longer, wall_s=8.0)
+  t = bench_protocol.triple_summary(s, faster, s)
+  assert t["wall_gain"] == pytest.approx(0.25)
+  assert bench_report.format_protocol_gains([t]) == (
+      "protocol a vs s: tokens/s +20.0%, speed per whole answer +25.0% (strict drift 0.0%)")
 
 
 def test_protocol_runs_strict_between_every_asd_preset():
