@@ -317,9 +317,11 @@ def main(argv=None):
                               table_rows)
 
   save("speed")
+  triples = []
   if args.protocol:
     print(bench_report.format_table(table_rows), file=sys.stderr)
-    config["protocol"] = bench_suite.run_protocols(ctx, prepared, table_rows, args.drift_tol)
+    triples = bench_suite.run_protocols(ctx, prepared, table_rows, args.drift_tol)
+    config["protocol"] = triples
     save("protocol")
   if args.mode in ("spec", "suite"):
     prompt_ids = [(p.suite, p.prompt_id) for p in prompts]
@@ -347,7 +349,6 @@ def main(argv=None):
         f"{'EOS ignored' if args.ignore_eos else 'natural EOS'} | batch {args.batch_size} | "
         f"repeats {args.repeats}")
   print(bench_report.format_table(table_rows))
-  triples = config["protocol"] if args.protocol else []   # config_dict's flag, else triples
   for lines in (bench_report.format_protocol_gains(triples),
                 bench_report.format_paired_quality(table_rows)):
     if lines:

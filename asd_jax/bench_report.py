@@ -156,7 +156,8 @@ def format_protocol_gains(triples: Sequence[dict]) -> str:
   which differ when ASD changes how long the answers are."""
   lines = []
   for t in triples:
-    line = f"protocol {t['asd_row']} vs {t['strict_row']}: tokens/s {t['gain']:+.1%}"
+    gain = "-" if t["gain"] is None else f"{t['gain']:+.1%}"   # None: no strict tokens
+    line = f"protocol {t['asd_row']} vs {t['strict_row']}: tokens/s {gain}"
     if t.get("wall_gain") is not None:
       line += f", speed per whole answer {t['wall_gain']:+.1%}"
     line += f" (strict drift {t['drift']:.1%}{', flagged' if t['drift_flag'] else ''})"

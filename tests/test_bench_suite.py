@@ -65,9 +65,8 @@ def test_triple_gain_and_drift_flag():
   assert not bench_protocol.triple_summary(s1, a, s1)["drift_flag"]
   assert t["passes"] == [s1, a, s2] and t["wall_gain"] is None   # no wall times given
   # ASD writes 20% more tokens in the same time: +20% tokens/s, no time saved per answer.
-  s, longer = {"row": "s", "tokens_per_s": 100.0, "wall_s": 10.0}, {"row": "a",
-                                                                    "tokens_per_s": 120.0,
-                                                                    "wall_s": 10.0}
+  s = {"row": "s", "tokens_per_s": 100.0, "wall_s": 10.0}
+  longer = {"row": "a", "tokens_per_s": 120.0, "wall_s": 10.0}
   t = bench_protocol.triple_summary(s, longer, s)
   assert t["gain"] == pytest.approx(0.2) and t["wall_gain"] == 0
   faster = dict(longer, wall_s=8.0)
