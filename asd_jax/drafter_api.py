@@ -33,11 +33,16 @@ class ChainDrafter:
   propose(params, state, recent_Bx2, positions_Bx2, rng, sampling)
       -> (draft_BxK int32, draft_logits_BxKxV float32 or None when sampling is greedy, state)
       rng is a key per row [B] (sampling.split_keys / select_token keep row b on rng[b]).
-  has_draft(state) -> bool[B], optional: after propose, whether a row's draft is worth a
-      verification. When no active row's is, the engine runs the round as one plain decoding
-      step (a forward over 1 token instead of K+1; the commit is that of a round rejecting
-      every draft token). It must depend on committed tokens only, never on randomness, so
-      that no rule's output changes. None: always verify.
+  draft_length(state) -> int32[B] in [0, K], optional: after propose, how many leading draft
+      tokens of each row are worth verifying. The engine verifies the smallest width in
+      `verify_widths` + (K,) that covers every active row's length (a longer draft is
+      truncated, a shorter one padded with its own guesses, which only cost positions); when
+      every active row's length is 0 it runs the round as one plain decoding step (a forward
+      over 1 token; the commit is that of a round rejecting every draft token). It must depend
+      on committed tokens only, never on randomness, so that no rule's output changes, only
+      what a round costs. None: always verify all K.
+  verify_widths: the widths below K the engine may verify instead (static: each one is a
+      target forward of width + 1 tokens compiled into the loop).
   """
 
   prefill: Callable[..., Any]
@@ -45,11 +50,24 @@ class ChainDrafter:
   num_draft: int
   vocab_size: int
   name: str = "drafter"
-  has_draft: Callable[[Any], jax.Array] | None = None
+  draft_length: Callable[[Any], jax.Array] | None = None
+  verify_widths: tuple[int, ...] = ()
 
   def __post_init__(self):
     if isinstance(self.num_draft, bool) or int(self.num_draft) != self.num_draft or self.num_draft <= 0:
       raise ValueError(f"K (draft block length) must be a positive integer, got {self.num_draft!r}")
+    widths = tuple(self.verify_widths)
+    if (any(isinstance(w, bool) or int(w) != w or not 0 < w < self.num_draft for w in widths)
+        or list(widths) != sorted(set(widths))):
+      raise ValueError(f"verify_widths must be increasing integers in [1, K={self.num_draft}), "
+                       f"got {widths!r}")
+    if widths and self.draft_length is None:
+      raise ValueError("verify_widths need draft_length (which width a round needs)")
+
+  @property
+  def widths(self) -> tuple[int, ...]:
+    """Every width the engine may verify, increasing; the last is K."""
+    return tuple(self.verify_widths) + (self.num_draft,)
 
 
 def lm_chain_drafter(fns: LanguageModelFns, num_draft: int) -> ChainDrafter:

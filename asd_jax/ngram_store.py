@@ -127,7 +127,8 @@ def build_store(sequences: Sequence[Sequence[int]], vocab_size: int, min_n: int 
 
 def store_draft(tables: dict, history_BxC: jax.Array, length_B: jax.Array,
                 num_draft: int) -> tuple[jax.Array, jax.Array]:
-  """(int32[B, K] draft, bool[B] found): the continuation of each row's longest stored suffix.
+  """(int32[B, K] draft, int32[B] n): the continuation of each row's longest stored suffix and
+  that suffix's length n (0: nothing stored matched).
 
   Tries the longest n first; a row shorter than n, or whose suffix is not stored, tries the next
   n. Past a continuation's end (and for K > L) the draft repeats its last token: any guess is
@@ -136,7 +137,7 @@ def store_draft(tables: dict, history_BxC: jax.Array, length_B: jax.Array,
   b = history_BxC.shape[0]
   rows_Bx1 = jnp.arange(b)[:, None]
   draft_BxK = jnp.zeros((b, num_draft), jnp.int32)
-  found_B = jnp.zeros((b,), bool)
+  matched_B = jnp.zeros((b,), jnp.int32)
   for n in sorted(tables, reverse=True):
     t = tables[n]
     pos_BxN = jnp.maximum(length_B[:, None] - n + jnp.arange(n)[None], 0)
@@ -148,10 +149,10 @@ def store_draft(tables: dict, history_BxC: jax.Array, length_B: jax.Array,
              & (length_B >= n))
     cont_BxL = jnp.asarray(t["continuations"])[idx_B]
     take_K = jnp.minimum(jnp.arange(num_draft), cont_BxL.shape[1] - 1)
-    new = hit_B & ~found_B
+    new = hit_B & (matched_B == 0)
     draft_BxK = jnp.where(new[:, None], cont_BxL[:, take_K], draft_BxK)
-    found_B = found_B | hit_B
-  return draft_BxK, found_B
+    matched_B = jnp.where(new, n, matched_B)
+  return draft_BxK, matched_B
 
 
 def save_store(sequences: Sequence[Sequence[int]], vocab_size: int, folder: str | Path,

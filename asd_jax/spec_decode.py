@@ -88,13 +88,16 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
     # Every active row commits >= 1 token per round, so max_new_tokens rounds always suffice.
     return ~jnp.all(s.done_B) & (s.round < max_new_tokens)
 
-  def verify_round(s: RoundState, draft_BxK, draft_logits, k_verify):
-    block_BxK1 = jnp.concatenate([s.recent_Bx2[:, 1:], draft_BxK], axis=1)
-    positions_BxK1 = s.committed_B[:, None] - 1 + jnp.arange(k + 1)
-    target_logits, _, target_cache = target.forward(target_params, block_BxK1, positions_BxK1,
+  def verify_round(width: int, s: RoundState, draft_BxK, draft_logits, k_verify):
+    # Scores the first `width` draft tokens (width <= K); the verdict accepts at most those.
+    draft_BxW = draft_BxK[:, :width]
+    block_BxW1 = jnp.concatenate([s.recent_Bx2[:, 1:], draft_BxW], axis=1)
+    positions_BxW1 = s.committed_B[:, None] - 1 + jnp.arange(width + 1)
+    target_logits, _, target_cache = target.forward(target_params, block_BxW1, positions_BxW1,
                                                     s.target_cache)
-    verdict = _verify(rule, draft_BxK, draft_logits, target_logits, s.stats.asd_spent_B,
-                      asd_scalars, k_verify, sampling, normalize_q)
+    verdict = _verify(rule, draft_BxW, None if draft_logits is None else draft_logits[:, :width],
+                      target_logits, s.stats.asd_spent_B, asd_scalars, k_verify, sampling,
+                      normalize_q)
     return target_cache, _as_verdict(verdict)
 
   def plain_step(s: RoundState, draft_BxK, draft_logits, k_verify):
@@ -117,13 +120,16 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
     draft_BxK, draft_logits, drafter_state = drafter.propose(
         drafter_params, s.drafter_state, s.recent_Bx2, positions_Bx2, k_draft, sampling)
     args = (s, draft_BxK, draft_logits, k_verify)
-    if drafter.has_draft is None:
-      target_cache, verdict = verify_round(*args)
+    if drafter.draft_length is None:
+      target_cache, verdict = verify_round(k, *args)
     else:
-      # The drafter's choice depends on committed tokens only, so skipping never changes
-      # what any rule outputs, only what a round costs.
-      worth_it = jnp.any(drafter.has_draft(drafter_state) & ~s.done_B)
-      target_cache, verdict = jax.lax.cond(worth_it, verify_round, plain_step, *args)
+      # The drafter's lengths depend on committed tokens only, so the width never changes
+      # what any rule outputs, only what a round costs. Width 0 is a plain decoding step.
+      need = jnp.max(jnp.where(s.done_B, 0, drafter.draft_length(drafter_state)))
+      widths = (0,) + drafter.widths
+      branch = jnp.searchsorted(jnp.asarray(widths, jnp.int32), need)
+      branches = [plain_step] + [functools.partial(verify_round, w) for w in drafter.widths]
+      target_cache, verdict = jax.lax.switch(branch, branches, *args)
     s = s.replace(round=s.round + 1, target_cache=target_cache, drafter_state=drafter_state,
                   rng=rng)
     return commit_round(s, draft_BxK, verdict, max_new_B, eos_ids, stream)

@@ -57,8 +57,8 @@ def loop_ms(fns, params, n: int, reps: int) -> dict[str, tuple[float, float]]:
       return jnp.zeros((recent_Bx2.shape[0], k), jnp.int32), None, state
     return ChainDrafter(prefill=lambda *a: jnp.zeros((), jnp.int32), propose=propose,
                         num_draft=k, vocab_size=fns.vocab_size, name=f"zeros{verify}",
-                        has_draft=None if verify else (
-                            lambda state: jnp.zeros((prompt.shape[0],), bool)))
+                        draft_length=None if verify else (
+                            lambda state: jnp.zeros((prompt.shape[0],), jnp.int32)))
 
   def plain():
     out = plain_decode(fns, params, prompt, lengths, max_new_tokens=n)

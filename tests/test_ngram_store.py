@@ -45,27 +45,27 @@ def reference_draft(sequences, history, k, min_n, max_n):
       continue
     cont = reference_continuation(sequences, history[-n:])
     if cont is not None:
-      return (cont + [cont[-1]] * k)[:k], True
-  return None, False
+      return (cont + [cont[-1]] * k)[:k], n
+  return None, 0
 
 
 def _draft(store, history, k):
   hist = np.zeros((1, len(history) + 4), np.int32)
   hist[0, :len(history)] = history
-  draft, found = store_draft(store.tables, hist, np.array([len(history)], np.int32), k)
-  return np.asarray(draft)[0].tolist(), bool(found[0])
+  draft, matched = store_draft(store.tables, hist, np.array([len(history)], np.int32), k)
+  return np.asarray(draft)[0].tolist(), int(matched[0])
 
 
 def test_hand_built_store():
   seqs = [[1, 2, 3, 4, 5], [1, 2, 3, 9], [1, 2, 3, 9, 7], [6, 1, 2]]
   store = build_store(seqs, vocab_size=10, min_n=2, max_n=3)
   # (1, 2, 3) is followed by 9 twice and by 4 once: 9, then the latest occurrence's rest (7).
-  assert _draft(store, [8, 1, 2, 3], 3) == ([9, 7, 7], True)
+  assert _draft(store, [8, 1, 2, 3], 3) == ([9, 7, 7], 3)
   # (6, 1, 2) ends its sequence: not stored; the bigram (1, 2) is (next token 3, 3 times).
-  assert _draft(store, [6, 1, 2], 2) == ([3, 9], True)
+  assert _draft(store, [6, 1, 2], 2) == ([3, 9], 2)
   # Nothing crosses a sequence end: (5, 1) never occurs inside one sequence.
-  assert _draft(store, [4, 5, 1], 2)[1] is False
-  assert _draft(store, [0], 2)[1] is False  # shorter than every n
+  assert _draft(store, [4, 5, 1], 2)[1] == 0
+  assert _draft(store, [0], 2)[1] == 0  # shorter than every n
   assert store.entries == sum(len(t["hashes"]) for t in store.tables.values())
 
 
@@ -76,10 +76,10 @@ def test_hand_built_store():
 def test_lookup_matches_the_reference(seqs, history, k, min_n, extra):
   max_n = min_n + extra
   store = build_store(seqs, vocab_size=5, min_n=min_n, max_n=max_n)
-  want, found = reference_draft(seqs, history, k, min_n, max_n)
-  got, got_found = _draft(store, history, k)
-  assert got_found == found
-  if found:
+  want, n = reference_draft(seqs, history, k, min_n, max_n)
+  got, got_n = _draft(store, history, k)
+  assert got_n == n  # the matched suffix length too: it sets how much of the draft is verified
+  if n:
     assert got == want
 
 
@@ -95,8 +95,8 @@ def test_a_hash_collision_never_returns_another_ngrams_continuation(monkeypatch)
   monkeypatch.setattr(ngram_store, "fnv_hash", lambda g: (g[..., 0] % 2).astype(np.uint32))
   monkeypatch.setattr(ngram_store, "_fnv_hash_jax", lambda g: (g[..., 0] % 2).astype("uint32"))
   store = build_store([[2, 1, 5], [2, 1, 5], [4, 1, 6]], vocab_size=8, min_n=2, max_n=2)
-  assert _draft(store, [2, 1], 2) == ([5, 5], True)
-  assert _draft(store, [4, 1], 2)[1] is False  # its slot holds (2, 1): exact check refuses
+  assert _draft(store, [2, 1], 2) == ([5, 5], 2)
+  assert _draft(store, [4, 1], 2)[1] == 0  # its slot holds (2, 1): exact check refuses
 
 
 def test_save_load_and_refusals(tmp_path):
@@ -138,18 +138,26 @@ def test_setup_finds_the_shipped_store_by_target_name_and_refuses_unknown_target
     setup_drafter("ngram+store", loaded, k=3, target_name="smollm2-135m")
 
 
-def test_store_rounds_are_verified_and_accepted():
+@pytest.mark.parametrize("max_n,verified,rounds", [(3, 2, 4), (4, 3, 3)])
+def test_store_rounds_verify_n_minus_1_tokens_and_accept_them(max_n, verified, rounds):
   # The fake target counts modulo 16. The store holds the counting text, the prompt does not
-  # repeat, so every draft comes from the store and all of it is right.
+  # repeat, so every draft comes from the store and all of it is right. A stored match of n
+  # tokens is worth verifying n - 1 of the K = 3 draft tokens: with 3-grams at most 2 per
+  # round, with 4-grams all 3.
   fns = fake_lm(vocab_size=16)
-  store = build_store([list(range(16))], vocab_size=16, min_n=2, max_n=3)
+  store = build_store([list(range(16))], vocab_size=16, min_n=2, max_n=max_n)
   k = 3
+  drafter = ngram_drafter(k, 16, store=store)
+  assert drafter.widths == tuple(range(1, max_n)) + ((k,) if max_n - 1 < k else ())
   prompt = np.array([[0, 1, 2]], np.int32)
-  out = asd_decode(fns, None, ngram_drafter(k, 16, store=store), store.tables, prompt,
-                   np.array([3], np.int32), max_new_tokens=12)
+  out = asd_decode(fns, None, drafter, store.tables, prompt, np.array([3], np.int32),
+                   max_new_tokens=12)
   assert np.asarray(out.tokens_BxN)[0].tolist() == [3 + i for i in range(12)]
-  # The prefill's token, then rounds of K accepted + 1: 11 tokens need 3 rounds.
-  assert int(out.stats.rounds_B[0]) == 3 and int(out.stats.accepted_B[0]) >= 2 * k
+  # The prefill's token, then rounds of `verified` accepted + 1 target token for the other 11.
+  assert int(out.stats.rounds_B[0]) == rounds
+  per_position = np.asarray(out.stats.accepted_per_position_BxK)[0]
+  assert (per_position[:verified] == rounds).all()
+  assert (per_position[verified:] == 0).all()  # never verified, so never accepted
   without = asd_decode(fns, None, ngram_drafter(k, 16), None, prompt, np.array([3], np.int32),
                        max_new_tokens=12)
   assert int(without.stats.accepted_B[0]) == 0  # control: nothing repeats in the request
@@ -174,3 +182,24 @@ def test_strict_with_a_store_equals_plain_greedy(batch, k):
   # The store only adds drafts where the request's own tokens had none.
   assert (int(np.asarray(got.stats.accepted_B).sum())
           >= int(np.asarray(plain_ngram.stats.accepted_B).sum()))
+
+
+def test_lossless_sampling_with_store_widths():
+  """rule='sample' stays lossless when rounds verify fewer than K tokens: with a bigram store
+  (min_n = max_n = 2) every stored match asks for 1 of the K = 3 tokens, and in the first
+  round no row's own tokens can match (the prompt has no repeated bigram), so all 50,000 rows
+  verify width 1 there; later rounds mix widths 1 and 3."""
+  from asd_jax.sampling import SamplingConfig
+  from tests import test_spec_decode_sampling as sampling_check
+  v = sampling_check.V
+  tfns, tparams = decoder_fns(random_decoder(seed=11, vocab=v, num_layers=2, hidden=32))
+  sampling = SamplingConfig(temperature=1.0)
+  rng = np.random.RandomState(5)
+  store = build_store([rng.randint(0, v, 40).tolist() for _ in range(8)], v, min_n=2, max_n=2)
+  drafter = ngram_drafter(3, v, store=store)
+  assert drafter.widths == (1, 3)
+  exact = sampling_check._exact_joint(tfns, tparams, sampling)
+  got = sampling_check._sampled_joint(tfns, tparams, drafter, store.tables, sampling, seed0=3)
+  tv = sampling_check._tv
+  assert tv(got.sum(axis=2), exact.sum(axis=2)) <= sampling_check.TV_LIMIT
+  assert tv(got.sum(axis=0), exact.sum(axis=0)) <= sampling_check.TV_LIMIT
