@@ -1,0 +1,233 @@
+"""How many draft tokens an n-gram round is worth verifying: a round-by-round simulation.
+
+  python scripts/simulate_ngram_widths.py --json out/ngram_widths.json
+
+1. Decodes the target's greedy answers (natural EOS, batched plain decoding) to the first
+   --num-prompts prompts of each suite, or reads them from --answers (a JSON this script wrote).
+2. Measures, in the real chain loop, what a round verifying K+1 tokens costs in plain decoding
+   steps (a drafter that always proposes token 0), or takes --cost.
+3. Replays the n-gram drafter (own-history lookup, then the shipped store) over each answer:
+   strict verification commits the accepted prefix plus the target's token, exactly as the
+   engine does, so tau and the speedup (tokens / summed round cost) follow without decoding.
+   It prints, per suite, fixed K against the engine's width rule (own match: K; stored match of
+   n tokens: n - 1; no match: a plain step), and the mean accepted length per match kind,
+   which is where the rule comes from.
+
+The replay is exact for tau (strict output == plain greedy); the speedup is as good as the
+cost curve, which is why step 2 measures it in the loop on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def own_lookup(hist, max_n, min_n):
+  """(end j, n) of the latest earlier occurrence of the longest suffix n-gram; (-1, 0) if none.
+  The plain-Python twin of asd_jax.ngram_drafter.lookup_draft."""
+  for n in range(max_n, min_n - 1, -1):
+    if len(hist) < n:
+      continue
+    suffix = hist[len(hist) - n:]
+    for j in range(len(hist) - 2, n - 2, -1):
+      if hist[j - n + 1:j + 1] == suffix:
+        return j, n
+  return -1, 0
+
+
+def own_draft(hist, k, j):
+  period = max(len(hist) - 1 - j, 1)
+  return [hist[j + 1 + i % period] for i in range(k)]
+
+
+class StoreLookup:
+  """Dictionary lookups over a loaded NgramStore's tables (same continuations as store_draft)."""
+
+  def __init__(self, store):
+    self.tables = {n: {tuple(g): c.tolist() for g, c in zip(t["grams"], t["continuations"])}
+                   for n, t in store.tables.items()}
+
+  def draft(self, hist, k):
+    for n in sorted(self.tables, reverse=True):
+      if len(hist) >= n and (c := self.tables[n].get(tuple(hist[-n:]))) is not None:
+        return [c[min(i, len(c) - 1)] for i in range(k)], n
+    return None, 0
+
+
+def replay(answers, store, k, width_rule, cost, max_n=3, min_n=2,
+           max_new_tokens: int | None = None) -> dict:
+  """Strict decoding of `answers` [(prompt, output)], round by round: rounds, committed tokens,
+  accepted draft tokens (as DecodeStats counts them), summed cost in plain steps, tau, the
+  speedup vs plain decoding, and the accepted length at full K per match kind.
+
+  max_new_tokens stops each request there, as the engine's cap does (its last round may accept
+  draft tokens past the cap; they are checked against the rest of `output`)."""
+  tokens = accepted = rounds = 0
+  total_cost = 0.0
+  by_kind = collections.defaultdict(list)
+  for prompt, output in answers:
+    hist, pos = list(prompt) + list(output[:1]), 1  # the prefill makes the first token
+    end = len(output) if max_new_tokens is None else min(len(output), max_new_tokens)
+    while pos < end:
+      j, n = own_lookup(hist, max_n, min_n)
+      if j >= 0:
+        draft, kind = own_draft(hist, k, j), f"own {n}-gram"
+      else:
+        draft, n = store.draft(hist, k)
+        kind = f"stored {n}-gram" if draft else None
+      width = width_rule(kind, n, k) if draft else 0
+      truth = output[pos:pos + k]
+      full = 0
+      while draft and full < len(truth) and draft[full] == truth[full]:
+        full += 1
+      if kind:
+        by_kind[kind].append(full)
+      committed = min(min(full, width) + 1, end - pos)
+      accepted += min(full, width)
+      total_cost += cost[width]
+      tokens += committed
+      rounds += 1
+      hist += list(output[pos:pos + committed])
+      pos += committed
+  return {"rounds": rounds, "tokens": tokens, "accepted": accepted, "cost": total_cost,
+          "tau": tokens / max(rounds, 1), "speedup": tokens / max(total_cost, 1e-9),
+          "by_kind": by_kind}
+
+
+def engine_rule(kind, n, k):
+  """asd_jax.ngram_drafter's draft_length: own matches verify K, a stored n-gram n - 1."""
+  return k if kind.startswith("own") else max(min(n - 1, k), 0)
+
+
+def decode_answers(target, suites, num_prompts, max_new_tokens, batch):
+  from asd_jax.bench_prompts import load_prompts
+  from asd_jax.plain_decode import plain_decode
+  from models.load import load_decoder
+  from models.lm_fns import decoder_fns
+  from models.tokenizer import encode_chat, eos_token_ids, load_tokenizer
+  tokenizer, loaded = load_tokenizer(target), load_decoder(target)
+  fns, params = decoder_fns(loaded.model)
+  eos = eos_token_ids(tokenizer, loaded.hf_config)
+  prompts = load_prompts(suites, num_prompts)
+  encoded = [encode_chat(tokenizer, p.text) for p in prompts]
+  order = np.argsort([len(e) for e in encoded])  # similar lengths share a batch
+  out = [None] * len(encoded)
+  for i in range(0, len(order), batch):
+    idx = order[i:i + batch]
+    width = -(-max(len(encoded[j]) for j in idx) // 64) * 64
+    ids = np.zeros((len(idx), width), np.int32)
+    for r, j in enumerate(idx):
+      ids[r, :len(encoded[j])] = encoded[j]
+    res = plain_decode(fns, params, ids, np.array([len(encoded[j]) for j in idx], np.int32),
+                       max_new_tokens=max_new_tokens, eos_ids=eos)
+    tokens, lengths = np.asarray(res.tokens_BxN), np.asarray(res.num_generated_B)
+    for r, j in enumerate(idx):
+      out[j] = {"suite": prompts[j].suite, "prompt": encoded[j],
+                "output": tokens[r, :lengths[r]].tolist()}
+    print(f"decoded {min(i + batch, len(order))}/{len(order)}", file=sys.stderr)
+  return out
+
+
+def loop_cost(target, max_k, n=96, reps=3):
+  """{width: ms per round / ms per plain step} in the real loops (width 0: a plain step)."""
+  import jax
+  import jax.numpy as jnp
+  from asd_jax.drafter_api import ChainDrafter
+  from asd_jax.plain_decode import plain_decode
+  from asd_jax.spec_decode import asd_decode
+  from models.load import load_decoder
+  from models.lm_fns import decoder_fns
+  fns, params = decoder_fns(load_decoder(target).model)
+
+  def zeros(k):
+    propose = lambda p, s, recent, pos, key, sampling: (
+        jnp.zeros((recent.shape[0], k), jnp.int32), None, s)
+    return ChainDrafter(prefill=lambda *a: jnp.zeros((), jnp.int32), propose=propose,
+                        num_draft=k, vocab_size=fns.vocab_size, name=f"zeros{k}")
+
+  prompt = np.zeros((1, 192), np.int32)
+  prompt[0, :180] = np.random.RandomState(0).randint(100, 5000, 180)
+  lengths = np.array([180], np.int32)
+  runs = {0: lambda: plain_decode(fns, params, prompt, lengths, max_new_tokens=n,
+                                  capacity=448).tokens_BxN}
+  for k in range(1, max_k + 1):
+    runs[k] = lambda d=zeros(k): asd_decode(fns, params, d, None, prompt, lengths,
+                                            max_new_tokens=n, capacity=448).tokens_BxN
+  for run in runs.values():
+    jax.block_until_ready(run())  # compile
+  times = {k: [] for k in runs}
+  for _ in range(reps):  # interleaved, so a load change hits every width alike
+    for k, run in runs.items():
+      t = time.perf_counter()
+      jax.block_until_ready(run())
+      times[k].append(time.perf_counter() - t)
+  med = {k: statistics.median(v) for k, v in times.items()}
+  return {k: v / med[0] for k, v in med.items()}
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--target", default="smollm2-135m")
+  p.add_argument("--suites", default="humaneval,mt_bench")
+  p.add_argument("--num-prompts", type=int, default=200, help="per suite (all of both: 200)")
+  p.add_argument("--max-new-tokens", type=int, default=256)
+  p.add_argument("--answers", default="", help="read (or, if missing, write) answers here")
+  p.add_argument("--cost", default="", help="JSON {width: round cost / plain step}; "
+                 "default: measured in the loop")
+  p.add_argument("--ks", default="3,5,7")
+  p.add_argument("--json", default="")
+  args = p.parse_args(argv)
+  from asd_jax.bench_prompts import parse_suites
+  from models.drafter_setup import ngram_store_for
+  suites = parse_suites(args.suites)
+  ks = [int(k) for k in args.ks.split(",")]
+  if args.answers and Path(args.answers).exists():
+    answers = json.loads(Path(args.answers).read_text())
+  else:
+    answers = decode_answers(args.target, suites, args.num_prompts, args.max_new_tokens, 16)
+    if args.answers:
+      Path(args.answers).write_text(json.dumps(answers))
+  if args.cost:
+    cost = {int(w): float(c) for w, c in json.loads(args.cost).items()}
+  else:
+    cost = loop_cost(args.target, max(ks))
+  cost[0] = cost.get(0, 1.0) * 1.02  # a skipped round: a plain step inside lax.cond (profiled)
+  from models.config import ModelConfig
+  from models.registry import load_checkpoint
+  vocab = ModelConfig.from_hf_config(load_checkpoint(args.target)[0]).vocab_size
+  store = StoreLookup(ngram_store_for(args.target, vocab))
+  print("round cost / plain step by verified width:",
+        " ".join(f"{w}:{c:.2f}" for w, c in sorted(cost.items())))
+  results = {"cost": cost, "suites": {}}
+  for suite in suites:
+    pairs = [(a["prompt"], a["output"]) for a in answers if a["suite"] == suite]
+    res = results["suites"][suite] = {}
+    print(f"\n{suite} ({len(pairs)} answers)\n{'K':>3} {'fixed tau':>10} {'x plain':>8} "
+          f"{'widths tau':>11} {'x plain':>8}")
+    for k in ks:
+      fixed = replay(pairs, store, k, lambda kind, n, k: k, cost)
+      rule = replay(pairs, store, k, engine_rule, cost)
+      res[k] = {name: {key: r[key] for key in ("tau", "speedup", "rounds", "tokens")}
+                for name, r in (("fixed", fixed), ("widths", rule))}
+      res[k]["mean_accepted_at_K"] = {kind: float(np.mean(v))
+                                      for kind, v in fixed["by_kind"].items()}
+      print(f"{k:>3} {fixed['tau']:10.3f} {fixed['speedup']:8.3f} {rule['tau']:11.3f} "
+            f"{rule['speedup']:8.3f}")
+    print("mean tokens accepted per round at K={}: ".format(ks[-1]) + ", ".join(
+        f"{kind} {v:.2f}" for kind, v in sorted(res[ks[-1]]["mean_accepted_at_K"].items())))
+  if args.json:
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
