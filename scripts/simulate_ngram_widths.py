@@ -14,7 +14,10 @@
    which is where the rule comes from.
 
 The replay is exact for tau (strict output == plain greedy); the speedup is as good as the
-cost curve, which is why step 2 measures it in the loop on this machine.
+cost curve, which is why step 2 measures it in the loop on this machine. --measure N checks it
+by real decoding: the first N answers' prompts of each suite, one request per call, plain
+decoding and strict `ngram+store` at each K with and without the widths (the latter verifies
+every draft at full K, as the engine did before), taking turns prompt by prompt.
 """
 
 from __future__ import annotations
@@ -173,6 +176,63 @@ def loop_cost(target, max_k, n=96, reps=3):
   return {k: v / med[0] for k, v in med.items()}
 
 
+def measure(target, answers, ks, max_new_tokens) -> dict:
+  """{config: {tokens_per_s, tau, vs_plain, match_plain}} by real decoding, turn by turn."""
+  import dataclasses
+
+  import jax
+  from asd_jax.ngram_drafter import ngram_drafter
+  from asd_jax.plain_decode import plain_decode
+  from asd_jax.spec_decode import asd_decode
+  from models.drafter_setup import ngram_store_for
+  from models.load import load_decoder
+  from models.lm_fns import decoder_fns
+  from models.tokenizer import eos_token_ids, load_tokenizer
+  loaded = load_decoder(target)
+  fns, params = decoder_fns(loaded.model)
+  eos = eos_token_ids(load_tokenizer(target), loaded.hf_config)
+  store = ngram_store_for(target, fns.vocab_size)
+  configs = {}
+  for k in ks:
+    widths = ngram_drafter(k, fns.vocab_size, store=store)
+    configs[f"ngram+store K={k} widths"] = widths
+    configs[f"ngram+store K={k} full K"] = dataclasses.replace(
+        widths, verify_widths=(), draft_length=lambda state, k=k: (state[1] > 0) * k)
+  width = -(-max(len(p) for p, _ in answers) // 64) * 64  # one program per configuration
+  def run(name, prompt):
+    ids = np.zeros((1, width), np.int32)
+    ids[0, :len(prompt)] = prompt
+    lengths = np.array([len(prompt)], np.int32)
+    if name == "plain":
+      out = plain_decode(fns, params, ids, lengths, max_new_tokens=max_new_tokens, eos_ids=eos)
+      rounds = int(out.target_forwards_B[0]) - 1
+    else:
+      out = asd_decode(fns, params, configs[name], store.tables, ids, lengths,
+                       max_new_tokens=max_new_tokens, eos_ids=eos)
+      rounds = int(out.stats.rounds_B[0])
+    n = int(out.num_generated_B[0])
+    return np.asarray(out.tokens_BxN)[0, :n].tolist(), rounds
+  names = ["plain", *configs]
+  for name in names:
+    jax.block_until_ready(run(name, answers[0][0]))  # compile
+  totals = {name: {"s": 0.0, "tokens": 0, "rounds": 0, "match": 0} for name in names}
+  for i, (prompt, _) in enumerate(answers):
+    outputs = {}
+    for name in names:
+      t = time.perf_counter()
+      outputs[name], rounds = run(name, prompt)
+      tot = totals[name]
+      tot["s"] += time.perf_counter() - t
+      tot["tokens"] += len(outputs[name])
+      tot["rounds"] += rounds
+      tot["match"] += outputs[name] == outputs["plain"]
+    print(f"measured {i + 1}/{len(answers)}", file=sys.stderr)
+  plain_tps = totals["plain"]["tokens"] / totals["plain"]["s"]
+  return {name: {"tokens_per_s": t["tokens"] / t["s"], "vs_plain": t["tokens"] / t["s"] / plain_tps,
+                 "tau": (t["tokens"] - len(answers)) / max(t["rounds"], 1),
+                 "match_plain": t["match"] / len(answers)} for name, t in totals.items()}
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--target", default="smollm2-135m")
@@ -183,6 +243,9 @@ def main(argv=None) -> int:
   p.add_argument("--cost", default="", help="JSON {width: round cost / plain step}; "
                  "default: measured in the loop")
   p.add_argument("--ks", default="3,5,7")
+  p.add_argument("--measure", type=int, default=0, help="also decode the first N prompts of "
+                 "each suite for real (plain vs fixed K vs widths)")
+  p.add_argument("--measure-ks", default="5,7")
   p.add_argument("--json", default="")
   args = p.parse_args(argv)
   from asd_jax.bench_prompts import parse_suites
@@ -223,6 +286,26 @@ def main(argv=None) -> int:
             f"{rule['speedup']:8.3f}")
     print("mean tokens accepted per round at K={}: ".format(ks[-1]) + ", ".join(
         f"{kind} {v:.2f}" for kind, v in sorted(res[ks[-1]]["mean_accepted_at_K"].items())))
+  if args.measure:
+    for suite in suites:
+      chosen = [a for a in answers if a["suite"] == suite][:args.measure]
+      mks = [int(k) for k in args.measure_ks.split(",")]
+      got = measure(args.target, [(a["prompt"], a["output"]) for a in chosen], mks,
+                    args.max_new_tokens)
+      pairs = [(a["prompt"], a["output"]) for a in chosen]
+      print(f"\n{suite}: real decoding of {len(chosen)} prompts (simulated on the same answers)")
+      print(f"{'configuration':<28} {'tok/s':>7} {'tau':>6} {'x plain':>8} {'sim x plain':>12} "
+            f"{'= plain':>8}")
+      for name, r in got.items():
+        sim = ""
+        if name != "plain":
+          k = int(name.split("K=")[1].split()[0])
+          rule = engine_rule if name.endswith("widths") else (lambda kind, n, k: k)
+          r["simulated_vs_plain"] = replay(pairs, store, k, rule, cost)["speedup"]
+          sim = f"{r['simulated_vs_plain']:.3f}"
+        print(f"{name:<28} {r['tokens_per_s']:7.1f} {r['tau']:6.2f} {r['vs_plain']:8.3f} "
+              f"{sim:>12} {r['match_plain']:8.0%}")
+      results["suites"][suite]["measured"] = got
   if args.json:
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
