@@ -16,9 +16,10 @@ one plain decoding step instead of a K+1-token verification. With an n-gram stor
 (`ngram+store`, asd_jax/ngram_store.py) such a row first tries text the target wrote for other
 prompts; a stored match of n tokens reports a length of n - 1 (at most K), because stored
 continuations are accepted far less often than the row's own: on the target's greedy answers
-to all of HumanEval and MT-Bench, 0.47 / 0.60 / 1.5 tokens per round after a stored match of
-2 / 3 / 4 tokens against 2.0-4.2 after a match in the row's own tokens, and each verified
-position costs ~0.1 of a plain step on a 2-core CPU (scripts/simulate_ngram_widths.py).
+to all of HumanEval, 0.47 / 0.60 / 1.35 tokens per round (K = 7) after a stored match of
+2 / 3 / 4 tokens against 1.9-3.9 after a match in the row's own tokens, and each verified
+position costs ~0.1 of a plain step on a 2-core CPU (scripts/simulate_ngram_widths.py;
+measured: +6% tokens/s at K = 5, +11% at K = 7, same outputs).
 
 State: the row's committed tokens by position [B, capacity]. Positions the engine never passes
 (accepted draft tokens between rounds, see drafter_api) are filled by writing each draft at
