@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
+import functools
 import json
 import statistics
 import sys
@@ -110,15 +112,35 @@ def engine_rule(kind, n, k):
   return k if kind.startswith("own") else max(min(n - 1, k), 0)
 
 
+def full_k_rule(kind, n, k):
+  """Every draft verified at K: what the engine did before draft widths."""
+  return k
+
+
+def full_k_drafter(drafter):
+  """The n-gram drafter verifying every draft at K (the control for full_k_rule); its state's
+  second entry is the per-row draft length, > 0 wherever it has a draft."""
+  k = drafter.num_draft
+  return dataclasses.replace(drafter, verify_widths=(),
+                             draft_length=lambda state: (state[1] > 0) * k)
+
+
+@functools.cache
+def load_target(target):
+  """(fns, params, EOS ids, tokenizer), loaded once per process for every step here."""
+  from models.load import load_decoder
+  from models.lm_fns import decoder_fns
+  from models.tokenizer import eos_token_ids, load_tokenizer
+  tokenizer, loaded = load_tokenizer(target), load_decoder(target)
+  fns, params = decoder_fns(loaded.model)
+  return fns, params, eos_token_ids(tokenizer, loaded.hf_config), tokenizer
+
+
 def decode_answers(target, suites, num_prompts, max_new_tokens, batch):
   from asd_jax.bench_prompts import load_prompts
   from asd_jax.plain_decode import plain_decode
-  from models.load import load_decoder
-  from models.lm_fns import decoder_fns
-  from models.tokenizer import encode_chat, eos_token_ids, load_tokenizer
-  tokenizer, loaded = load_tokenizer(target), load_decoder(target)
-  fns, params = decoder_fns(loaded.model)
-  eos = eos_token_ids(tokenizer, loaded.hf_config)
+  from models.tokenizer import encode_chat
+  fns, params, eos, tokenizer = load_target(target)
   prompts = load_prompts(suites, num_prompts)
   encoded = [encode_chat(tokenizer, p.text) for p in prompts]
   order = np.argsort([len(e) for e in encoded])  # similar lengths share a batch
@@ -146,9 +168,7 @@ def loop_cost(target, max_k, n=96, reps=3):
   from asd_jax.drafter_api import ChainDrafter
   from asd_jax.plain_decode import plain_decode
   from asd_jax.spec_decode import asd_decode
-  from models.load import load_decoder
-  from models.lm_fns import decoder_fns
-  fns, params = decoder_fns(load_decoder(target).model)
+  fns, params, _, _ = load_target(target)
 
   def zeros(k):
     propose = lambda p, s, recent, pos, key, sampling: (
@@ -176,28 +196,21 @@ def loop_cost(target, max_k, n=96, reps=3):
   return {k: v / med[0] for k, v in med.items()}
 
 
-def measure(target, answers, ks, max_new_tokens) -> dict:
-  """{config: {tokens_per_s, tau, vs_plain, match_plain}} by real decoding, turn by turn."""
-  import dataclasses
-
+def measure(target, store, answers, ks, max_new_tokens) -> tuple[dict, dict]:
+  """By real decoding, turn by turn: ({config: {tokens_per_s, tau, vs_plain, match_plain}},
+  {config: (K, the replay's rule for it)})."""
   import jax
   from asd_jax.ngram_drafter import ngram_drafter
   from asd_jax.plain_decode import plain_decode
   from asd_jax.spec_decode import asd_decode
-  from models.drafter_setup import ngram_store_for
-  from models.load import load_decoder
-  from models.lm_fns import decoder_fns
-  from models.tokenizer import eos_token_ids, load_tokenizer
-  loaded = load_decoder(target)
-  fns, params = decoder_fns(loaded.model)
-  eos = eos_token_ids(load_tokenizer(target), loaded.hf_config)
-  store = ngram_store_for(target, fns.vocab_size)
-  configs = {}
+  fns, params, eos, _ = load_target(target)
+  configs, rules = {}, {}
   for k in ks:
     widths = ngram_drafter(k, fns.vocab_size, store=store)
-    configs[f"ngram+store K={k} widths"] = widths
-    configs[f"ngram+store K={k} full K"] = dataclasses.replace(
-        widths, verify_widths=(), draft_length=lambda state, k=k: (state[1] > 0) * k)
+    for name, drafter, rule in ((f"ngram+store K={k} widths", widths, engine_rule),
+                                (f"ngram+store K={k} full K", full_k_drafter(widths),
+                                 full_k_rule)):
+      configs[name], rules[name] = drafter, (k, rule)
   width = -(-max(len(p) for p, _ in answers) // 64) * 64  # one program per configuration
   def run(name, prompt):
     ids = np.zeros((1, width), np.int32)
@@ -230,7 +243,7 @@ def measure(target, answers, ks, max_new_tokens) -> dict:
   plain_tps = totals["plain"]["tokens"] / totals["plain"]["s"]
   return {name: {"tokens_per_s": t["tokens"] / t["s"], "vs_plain": t["tokens"] / t["s"] / plain_tps,
                  "tau": (t["tokens"] - len(answers)) / max(t["rounds"], 1),
-                 "match_plain": t["match"] / len(answers)} for name, t in totals.items()}
+                 "match_plain": t["match"] / len(answers)} for name, t in totals.items()}, rules
 
 
 def main(argv=None) -> int:
@@ -263,10 +276,8 @@ def main(argv=None) -> int:
   else:
     cost = loop_cost(args.target, max(ks))
   cost[0] = cost.get(0, 1.0) * 1.02  # a skipped round: a plain step inside lax.cond (profiled)
-  from models.config import ModelConfig
-  from models.registry import load_checkpoint
-  vocab = ModelConfig.from_hf_config(load_checkpoint(args.target)[0]).vocab_size
-  store = StoreLookup(ngram_store_for(args.target, vocab))
+  ngram_store = ngram_store_for(args.target, load_target(args.target)[0].vocab_size)
+  store = StoreLookup(ngram_store)
   print("round cost / plain step by verified width:",
         " ".join(f"{w}:{c:.2f}" for w, c in sorted(cost.items())))
   results = {"cost": cost, "suites": {}}
@@ -276,7 +287,7 @@ def main(argv=None) -> int:
     print(f"\n{suite} ({len(pairs)} answers)\n{'K':>3} {'fixed tau':>10} {'x plain':>8} "
           f"{'widths tau':>11} {'x plain':>8}")
     for k in ks:
-      fixed = replay(pairs, store, k, lambda kind, n, k: k, cost)
+      fixed = replay(pairs, store, k, full_k_rule, cost)
       rule = replay(pairs, store, k, engine_rule, cost)
       res[k] = {name: {key: r[key] for key in ("tau", "speedup", "rounds", "tokens")}
                 for name, r in (("fixed", fixed), ("widths", rule))}
@@ -288,20 +299,18 @@ def main(argv=None) -> int:
         f"{kind} {v:.2f}" for kind, v in sorted(res[ks[-1]]["mean_accepted_at_K"].items())))
   if args.measure:
     for suite in suites:
-      chosen = [a for a in answers if a["suite"] == suite][:args.measure]
+      pairs = [(a["prompt"], a["output"]) for a in answers if a["suite"] == suite][:args.measure]
       mks = [int(k) for k in args.measure_ks.split(",")]
-      got = measure(args.target, [(a["prompt"], a["output"]) for a in chosen], mks,
-                    args.max_new_tokens)
-      pairs = [(a["prompt"], a["output"]) for a in chosen]
-      print(f"\n{suite}: real decoding of {len(chosen)} prompts (simulated on the same answers)")
+      got, rules = measure(args.target, ngram_store, pairs, mks, args.max_new_tokens)
+      print(f"\n{suite}: real decoding of {len(pairs)} prompts (simulated on the same answers)")
       print(f"{'configuration':<28} {'tok/s':>7} {'tau':>6} {'x plain':>8} {'sim x plain':>12} "
             f"{'= plain':>8}")
       for name, r in got.items():
         sim = ""
-        if name != "plain":
-          k = int(name.split("K=")[1].split()[0])
-          rule = engine_rule if name.endswith("widths") else (lambda kind, n, k: k)
-          r["simulated_vs_plain"] = replay(pairs, store, k, rule, cost)["speedup"]
+        if name in rules:
+          k, rule = rules[name]
+          r["simulated_vs_plain"] = replay(pairs, store, k, rule, cost,
+                                           max_new_tokens=args.max_new_tokens)["speedup"]
           sim = f"{r['simulated_vs_plain']:.3f}"
         print(f"{name:<28} {r['tokens_per_s']:7.1f} {r['tau']:6.2f} {r['vs_plain']:8.3f} "
               f"{sim:>12} {r['match_plain']:8.0%}")

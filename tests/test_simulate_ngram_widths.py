@@ -2,8 +2,6 @@
 output for a request decoded alone, its round count and accepted tokens equal what asd_decode
 reported, with and without the store's narrower widths."""
 
-import dataclasses
-
 import numpy as np
 import pytest
 
@@ -12,7 +10,8 @@ from asd_jax.ngram_store import build_store
 from asd_jax.plain_decode import plain_decode
 from asd_jax.spec_decode import asd_decode
 from models.lm_fns import decoder_fns
-from scripts.simulate_ngram_widths import StoreLookup, engine_rule, replay
+from scripts.simulate_ngram_widths import (StoreLookup, engine_rule, full_k_drafter,
+                                           full_k_rule, replay)
 from tests.tiny_models import random_decoder, random_prompts
 
 VOCAB = 61
@@ -30,9 +29,7 @@ def test_replay_counts_equal_the_engine(k):
   longer = np.asarray(plain_decode(fns, params, prompt, lengths, max_new_tokens=30 + k).tokens_BxN)
   with_widths = ngram_drafter(k, VOCAB, store=store)
   # Control: the same drafter verifying every draft at full K.
-  full_k = dataclasses.replace(with_widths, verify_widths=(),
-                               draft_length=lambda state: (state[1] > 0) * k)
-  for rule, drafter in ((engine_rule, with_widths), (lambda kind, n, k: k, full_k)):
+  for rule, drafter in ((engine_rule, with_widths), (full_k_rule, full_k_drafter(with_widths))):
     for row in range(prompt.shape[0]):  # one request per call: in a batch rows share widths
       out = asd_decode(fns, params, drafter, store.tables, prompt[row:row + 1],
                        lengths[row:row + 1], max_new_tokens=30)
