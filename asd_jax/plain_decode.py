@@ -23,6 +23,12 @@ from asd_jax.token_stream import TokenStream, emit
 
 CAPACITY_BUCKET = 64
 
+# XLA's copy insertion with region analysis sees that a decode loop reads each KV-cache buffer
+# before it writes it (models/cached_attention.py), so it updates the buffer in place instead of
+# copying every layer's keys and values on every step (and in every branch of a lax.switch).
+# A DebugOptions field: other backends ignore it.
+DECODE_LOOP_COMPILER_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True}
+
 
 @flax.struct.dataclass
 class DecodeResult:
@@ -72,7 +78,8 @@ def _emit(state: _LoopState, logits_BxV, rng, max_new_B, eos_ids, sampling,
 
 
 @functools.partial(jax.jit, static_argnames=("fns", "max_new_tokens", "capacity", "eos_ids",
-                                             "sampling", "stream"))
+                                             "sampling", "stream"),
+                   compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
 def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_B, rng, *,
                   max_new_tokens: int, capacity: int, eos_ids: tuple[int, ...],
                   sampling: SamplingConfig, stream: TokenStream | None) -> DecodeResult:

@@ -30,7 +30,7 @@ from asd_jax.decode_rounds import (RoundState, SpecDecodeResult, commit_round, f
 from asd_jax.drafter_api import ChainDrafter
 from asd_jax.greedy_verify import greedy_verify
 from asd_jax.lm_api import LanguageModelFns
-from asd_jax.plain_decode import CAPACITY_BUCKET
+from asd_jax.plain_decode import CAPACITY_BUCKET, DECODE_LOOP_COMPILER_OPTIONS
 from asd_jax.sampling import SamplingConfig, select_token
 from asd_jax.sampling_keys import row_keys, split_keys
 from asd_jax.spec_sampling import speculative_sample
@@ -68,7 +68,7 @@ def _verify(rule, draft_BxK, draft_logits, target_logits_BxK1xV, spent_B, asd_sc
 
 @functools.partial(jax.jit, static_argnames=(
     "target", "drafter", "rule", "sampling", "normalize_q", "max_new_tokens", "capacity",
-    "eos_ids", "stream"))
+    "eos_ids", "stream"), compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
 def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, drafter_params,
                 prompt_BxT, lengths_B, max_new_B, asd_scalars, rng, *, rule: str,
                 sampling: SamplingConfig, normalize_q: bool, max_new_tokens: int, capacity: int,

@@ -22,6 +22,7 @@ from asd_jax.decode_rounds import (RoundState, SpecDecodeResult, commit_round, f
                                    initial_state)
 from asd_jax.draft_tree import TreeDrafter
 from asd_jax.lm_api import LanguageModelFns
+from asd_jax.plain_decode import DECODE_LOOP_COMPILER_OPTIONS
 from asd_jax.sampling import SamplingConfig
 from asd_jax.sampling_keys import split_keys
 from asd_jax.spec_decode import prepare_request
@@ -78,7 +79,7 @@ def _verify_tree(rule, tokens, parents, draft_logits, target_logits, spent_B, as
 
 @functools.partial(jax.jit, static_argnames=(
     "target", "drafter", "rule", "sampling", "normalize_q", "max_new_tokens", "capacity",
-    "eos_ids", "stream"))
+    "eos_ids", "stream"), compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
 def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, drafter_params,
                  prompt_BxT, lengths_B, max_new_B, asd_scalars, rng, *, rule: str,
                  sampling: SamplingConfig, normalize_q: bool, max_new_tokens: int,

@@ -15,10 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from models.config import ModelConfig, rope_inverse_frequencies
-from models.kv_cache import KVCache, write_kv
+from models.cached_attention import cached_attention
+from models.kv_cache import KVCache
 
 _F32 = jnp.float32
-_NEG_INF = -1e30  # finite so fully masked rows (padding) give uniform, not NaN, weights
 
 
 class RMSNorm(nnx.Module):
@@ -68,24 +68,16 @@ class Attention(nnx.Module):
                inv_freq):
     cfg = self.cfg
     b, t, _ = x_BxTxD.shape
-    kvh, g, h = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
-    q_BxTxNxH = self.q_proj(x_BxTxD).reshape(b, t, kvh * g, h)
+    kvh, h = cfg.num_kv_heads, cfg.head_dim
+    q_BxTxNxH = self.q_proj(x_BxTxD).reshape(b, t, cfg.num_heads, h)
     k_BxTxKxH = self.k_proj(x_BxTxD).reshape(b, t, kvh, h)
     v_BxTxKxH = self.v_proj(x_BxTxD).reshape(b, t, kvh, h)
     if cfg.qk_norm:
       q_BxTxNxH, k_BxTxKxH = self.q_norm(q_BxTxNxH), self.k_norm(k_BxTxKxH)
     q_BxTxNxH = apply_rope(q_BxTxNxH, positions_BxT, inv_freq)
     k_BxTxKxH = apply_rope(k_BxTxKxH, positions_BxT, inv_freq)
-    k_cache = write_kv(k_cache, k_BxTxKxH, slots_BxT)
-    v_cache = write_kv(v_cache, v_BxTxKxH, slots_BxT)
-
-    q_BxKxGxTxH = q_BxTxNxH.reshape(b, t, kvh, g, h).transpose(0, 2, 3, 1, 4)
-    scores_BxKxGxTxS = jnp.einsum("bkgth,bksh->bkgts", q_BxKxGxTxH, k_cache,
-                                  preferred_element_type=_F32) * (h ** -0.5)
-    scores_BxKxGxTxS = jnp.where(visible_BxTxS[:, None, None], scores_BxKxGxTxS, _NEG_INF)
-    probs = jax.nn.softmax(scores_BxKxGxTxS, axis=-1).astype(v_cache.dtype)
-    out_BxKxGxTxH = jnp.einsum("bkgts,bksh->bkgth", probs, v_cache)
-    out_BxTxD = out_BxKxGxTxH.transpose(0, 3, 1, 2, 4).reshape(b, t, kvh * g * h)
+    out_BxTxD, k_cache, v_cache = cached_attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, k_cache,
+                                                   v_cache, slots_BxT, visible_BxTxS)
     return self.o_proj(out_BxTxD), k_cache, v_cache
 
 

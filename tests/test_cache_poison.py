@@ -33,12 +33,14 @@ PROMPT, LENGTHS = random_prompts(np.random.RandomState(8), 3, 9, V)
 
 
 def _poison_from(cache: KVCache, start_B) -> KVCache:
-  def poison(buf, value):
-    later = jnp.arange(buf.shape[2])[None, None, :, None] >= start_B[:, None, None, None]
+  def poison(buf, value, slot_axis):
+    slots = jnp.arange(buf.shape[slot_axis]).reshape([-1 if a == slot_axis else 1
+                                                      for a in range(buf.ndim)])
+    later = slots >= start_B.reshape(-1, 1, 1, 1)
     return jnp.where(later, jnp.asarray(value, buf.dtype), buf)
 
-  return KVCache(k=tuple(poison(k, jnp.nan) for k in cache.k),
-                 v=tuple(poison(v, 1e6) for v in cache.v))
+  return KVCache(k=tuple(poison(k, jnp.nan, 3) for k in cache.k),
+                 v=tuple(poison(v, 1e6, 2) for v in cache.v))
 
 
 def poisoning(fns, margin: int = 0):

@@ -48,13 +48,13 @@ def test_tree_attention_logits_equal_each_nodes_root_path_as_a_sequence():
 def test_move_slots_compacts_and_drops_out_of_range():
   cfg = _TARGET.cfg
   cache = KVCache.create(cfg, 2, 8)
-  marks = jnp.arange(8, dtype=jnp.float32)[None, None, :, None]
-  cache = KVCache(k=tuple(jnp.broadcast_to(marks, c.shape) for c in cache.k),
-                  v=tuple(jnp.broadcast_to(marks, c.shape) for c in cache.v))
+  marks = jnp.arange(8, dtype=jnp.float32)
+  cache = KVCache(k=tuple(jnp.broadcast_to(marks[None, None, None, :], c.shape) for c in cache.k),
+                  v=tuple(jnp.broadcast_to(marks[None, None, :, None], c.shape) for c in cache.v))
   moved = move_slots(cache, jnp.array([[5, 7], [3, 3]]), jnp.array([[2, 3], [1, 8]]))
-  got = np.asarray(moved.k[0][:, 0, :, 0])
-  assert got[0].tolist() == [0, 1, 5, 7, 4, 5, 6, 7]
-  assert got[1].tolist() == [0, 3, 2, 3, 4, 5, 6, 7]  # slot 8 is outside: dropped
+  for got in (np.asarray(moved.k[0][:, 0, 0, :]), np.asarray(moved.v[0][:, 0, :, 0])):
+    assert got[0].tolist() == [0, 1, 5, 7, 4, 5, 6, 7]
+    assert got[1].tolist() == [0, 3, 2, 3, 4, 5, 6, 7]  # slot 8 is outside: dropped
 
 
 SHAPES = [(1, TreeShape(2, 2, 3)), (4, TreeShape(3, 2, 6)), (3, TreeShape(4, 3, 12)),

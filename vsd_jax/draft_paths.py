@@ -121,7 +121,7 @@ def rollout(drafter: Eagle3Drafter, cache: KVCache, *, context_len: int, first_f
                      f"{num_paths}, {depth}, {top_k}")
   b, n_pos = rows_BxP.shape
   s = num_paths
-  capacity = cache.k[0].shape[-2]  # [B, kv heads, slots, head dim]
+  capacity = cache.capacity
   slots_C = jnp.arange(capacity)
   if first_free_slot + (depth - 1) * n_pos * s > capacity:
     raise ValueError(f"the drafter cache has {capacity} slots, the paths need "
