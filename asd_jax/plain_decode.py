@@ -25,8 +25,9 @@ CAPACITY_BUCKET = 64
 
 # XLA's copy insertion with region analysis sees that a decode loop reads each KV-cache buffer
 # before it writes it (models/cached_attention.py), so it updates the buffer in place instead of
-# copying every layer's keys and values on every step (and in every branch of a lax.switch).
-# A DebugOptions field: other backends ignore it.
+# copying every layer's keys and values on every step (tests/test_cached_attention.py). Inside
+# the branches of a lax.switch/cond each buffer is still copied once. A DebugOptions field:
+# other backends ignore it.
 DECODE_LOOP_COMPILER_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True}
 
 
