@@ -31,7 +31,9 @@ STREAMED = 1  # the prompt whose answer is streamed (a long one)
 
 
 def _timed(fn):
-  fn()  # compile (and warm up) on the same shapes
+  # Compile and warm up on the same shapes, and wait: dispatch is asynchronous, and a warm-up
+  # still running would be timed with the call after it.
+  jax.block_until_ready(fn())
   t0 = time.perf_counter()
   out = jax.block_until_ready(fn())
   return out, time.perf_counter() - t0
