@@ -2,14 +2,16 @@
 
 Shape notation: see models/kv_cache.py (B, T, S, K kv heads, G query heads per kv head, H).
 
-Two orders, chosen statically by T:
+Two orders, chosen statically by T (`block_mask` derives what each query may see once per
+forward, and every layer reuses it):
 
 - Short blocks (T <= SHORT_BLOCK: decode steps, verification blocks, draft trees) attend to the
   cache *as it was* plus the new block's own keys and values, one softmax over both, and write
   the new entries afterwards. Inside a `lax.while_loop` the cache is then read before it is
   written, so XLA updates it in place. Writing first and attending over the updated buffer
   makes XLA copy every layer's buffers (two copies each per step on CPU, more in each branch of
-  a `lax.switch`), ~10% of a SmolLM2-135M decode step.
+  a `lax.switch`): a SmolLM2-135M plain step went from 32.7 to 28-29 ms without them
+  (docs/bench/kv_in_place).
 - Longer blocks (prefill, training forwards) write first and attend over the cache: no extra
   T x T scores, and no loop to copy in.
 
@@ -21,6 +23,8 @@ write is dropped).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -37,21 +41,49 @@ def _scores(q_BxKxGxTxH, keys_BxKxHxS):
                     preferred_element_type=_F32) * (q_BxKxGxTxH.shape[-1] ** -0.5)
 
 
+class BlockMask(NamedTuple):
+  """What a block's T queries may attend to: derived once per forward, shared by every layer."""
+
+  visible_BxTxS: jax.Array  # over cache slots, as they are after the block's writes
+  old_visible_BxTxS: jax.Array | None  # short blocks: over the cache as it was
+  new_visible_BxTxT: jax.Array | None  # short blocks: over the block's own entries
+
+
+def block_mask(slots_BxT: jax.Array, visible_BxTxS: jax.Array, capacity: int) -> BlockMask:
+  """The mask cached_attention needs for a block written at `slots_BxT`; for short blocks it
+  splits `visible_BxTxS` into the cache entries the block leaves and the block's own."""
+  b, t = slots_BxT.shape
+  if t > SHORT_BLOCK:
+    return BlockMask(visible_BxTxS, None, None)
+  rows_Bx1 = jnp.arange(b)[:, None]
+  rewritten_BxS = jnp.zeros((b, capacity), bool).at[rows_Bx1, slots_BxT].set(True, mode="drop")
+  # A slot written twice in one block (a draft window clamped at position 0 repeats it) holds
+  # its last write afterwards; only that entry is visible, as it would be after the write.
+  j_T = jnp.arange(t)
+  superseded_BxT = ((slots_BxT[:, None, :] == slots_BxT[:, :, None])
+                    & (j_T[None, :, None] > j_T[None, None, :])).any(axis=1)
+  in_cache_BxT = (slots_BxT >= 0) & (slots_BxT < capacity) & ~superseded_BxT
+  new_visible_BxTxT = in_cache_BxT[:, None, :] & jnp.take_along_axis(
+      visible_BxTxS,
+      jnp.broadcast_to(jnp.clip(slots_BxT, 0, capacity - 1)[:, None, :], (b, t, t)), axis=2)
+  return BlockMask(visible_BxTxS, visible_BxTxS & ~rewritten_BxS[:, None, :], new_visible_BxTxT)
+
+
 def cached_attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, k_cache_BxKxHxS, v_cache_BxKxSxH,
-                     slots_BxT, visible_BxTxS):
+                     slots_BxT, mask: BlockMask):
   """Returns (attention output [B, T, N*H], updated key cache, updated value cache)."""
-  order = write_then_attend if q_BxTxNxH.shape[1] > SHORT_BLOCK else attend_then_write
+  order = write_then_attend if mask.new_visible_BxTxT is None else attend_then_write
   return order(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, k_cache_BxKxHxS, v_cache_BxKxSxH, slots_BxT,
-               visible_BxTxS)
+               mask)
 
 
 def write_then_attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, k_cache_BxKxHxS, v_cache_BxKxSxH,
-                      slots_BxT, visible_BxTxS):
+                      slots_BxT, mask: BlockMask):
   """The long-block order (same arguments and results as cached_attention)."""
   k_cache_BxKxHxS = write_keys(k_cache_BxKxHxS, k_BxTxKxH, slots_BxT)
   v_cache_BxKxSxH = write_values(v_cache_BxKxSxH, v_BxTxKxH, slots_BxT)
   q_BxKxGxTxH = _group_queries(q_BxTxNxH, k_BxTxKxH.shape[2])
-  scores = jnp.where(visible_BxTxS[:, None, None], _scores(q_BxKxGxTxH, k_cache_BxKxHxS),
+  scores = jnp.where(mask.visible_BxTxS[:, None, None], _scores(q_BxKxGxTxH, k_cache_BxKxHxS),
                      _NEG_INF)
   probs = jax.nn.softmax(scores, axis=-1).astype(v_cache_BxKxSxH.dtype)
   out_BxKxGxTxH = jnp.einsum("bkgts,bksh->bkgth", probs, v_cache_BxKxSxH)
@@ -59,28 +91,16 @@ def write_then_attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, k_cache_BxKxHxS, v_cache_
 
 
 def attend_then_write(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, k_cache_BxKxHxS, v_cache_BxKxSxH,
-                      slots_BxT, visible_BxTxS):
-  """The short-block order (same arguments and results as cached_attention)."""
-  b, t = slots_BxT.shape
+                      slots_BxT, mask: BlockMask):
+  """The short-block order (same arguments and results as cached_attention; `mask` from
+  block_mask of a short block)."""
   s = v_cache_BxKxSxH.shape[2]
-  rows_Bx1 = jnp.arange(b)[:, None]
-  rewritten_BxS = jnp.zeros((b, s), bool).at[rows_Bx1, slots_BxT].set(True, mode="drop")
-  old_visible_BxTxS = visible_BxTxS & ~rewritten_BxS[:, None, :]
-  # A slot written twice in one block (a draft window clamped at position 0 repeats it) holds
-  # its last write afterwards; only that entry is visible, as it would be after the write.
-  j_T = jnp.arange(t)
-  superseded_BxT = ((slots_BxT[:, None, :] == slots_BxT[:, :, None])
-                    & (j_T[None, :, None] > j_T[None, None, :])).any(axis=1)
-  in_cache_BxT = (slots_BxT >= 0) & (slots_BxT < s) & ~superseded_BxT
-  new_visible_BxTxT = in_cache_BxT[:, None, :] & jnp.take_along_axis(
-      visible_BxTxS, jnp.broadcast_to(jnp.clip(slots_BxT, 0, s - 1)[:, None, :], (b, t, t)),
-      axis=2)
   q_BxKxGxTxH = _group_queries(q_BxTxNxH, k_BxTxKxH.shape[2])
   new_keys_BxKxHxT = k_BxTxKxH.astype(k_cache_BxKxHxS.dtype).transpose(0, 2, 3, 1)
   scores = jnp.concatenate([
-      jnp.where(old_visible_BxTxS[:, None, None], _scores(q_BxKxGxTxH, k_cache_BxKxHxS),
+      jnp.where(mask.old_visible_BxTxS[:, None, None], _scores(q_BxKxGxTxH, k_cache_BxKxHxS),
                 _NEG_INF),
-      jnp.where(new_visible_BxTxT[:, None, None], _scores(q_BxKxGxTxH, new_keys_BxKxHxT),
+      jnp.where(mask.new_visible_BxTxT[:, None, None], _scores(q_BxKxGxTxH, new_keys_BxKxHxT),
                 _NEG_INF)], axis=-1)
   probs = jax.nn.softmax(scores, axis=-1).astype(v_cache_BxKxSxH.dtype)
   new_values_BxKxTxH = v_BxTxKxH.astype(v_cache_BxKxSxH.dtype).transpose(0, 2, 1, 3)

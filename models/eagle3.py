@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from models.config import DTYPES, ModelConfig, RopeScaling, rope_inverse_frequencies
+from models.cached_attention import BlockMask, block_mask
 from models.kv_cache import KVCache
 from models.llama import MLP, Attention, RMSNorm, chain_visibility
 
@@ -141,12 +142,12 @@ class Eagle3Layer(nnx.Module):
     self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
     self.mlp = MLP(cfg, rngs)
 
-  def __call__(self, embeds_BxTxD, hidden_BxTxD, positions_BxT, visible_BxTxS, k_cache, v_cache,
-               slots_BxT, inv_freq):
+  def __call__(self, embeds_BxTxD, hidden_BxTxD, positions_BxT, mask: BlockMask, k_cache,
+               v_cache, slots_BxT, inv_freq):
     x_BxTx2D = jnp.concatenate([self.input_norm(embeds_BxTxD), self.hidden_norm(hidden_BxTxD)],
                                axis=-1)
-    attn_out, k_cache, v_cache = self.attn(x_BxTx2D, positions_BxT, visible_BxTxS, k_cache,
-                                           v_cache, slots_BxT, inv_freq)
+    attn_out, k_cache, v_cache = self.attn(x_BxTx2D, positions_BxT, mask, k_cache, v_cache,
+                                           slots_BxT, inv_freq)
     h_BxTxD = hidden_BxTxD + attn_out
     h_BxTxD = h_BxTxD + self.mlp(self.post_attn_norm(h_BxTxD))
     return h_BxTxD, k_cache, v_cache
@@ -203,9 +204,9 @@ class Eagle3Drafter(nnx.Module):
       slots_BxT = positions_BxT
     if visible_BxTxS is None:
       visible_BxTxS = chain_visibility(slots_BxT, positions_BxT, cache.capacity)
-    hidden_BxTxD, k, v = self.layer(self.embed(tokens_BxT), hidden_BxTxD, positions_BxT,
-                                    visible_BxTxS, cache.k[0], cache.v[0], slots_BxT,
-                                    self.inv_freq[...])
+    mask = block_mask(slots_BxT, visible_BxTxS, cache.capacity)
+    hidden_BxTxD, k, v = self.layer(self.embed(tokens_BxT), hidden_BxTxD, positions_BxT, mask,
+                                    cache.k[0], cache.v[0], slots_BxT, self.inv_freq[...])
     logits_BxTxVd = jnp.einsum("btd,dv->btv", self.final_norm(hidden_BxTxD),
                                self.lm_head.kernel[...], preferred_element_type=_F32)
     return logits_BxTxVd, hidden_BxTxD, KVCache(k=(k,), v=(v,))

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from models.config import ModelConfig, rope_inverse_frequencies
-from models.cached_attention import cached_attention
+from models.cached_attention import BlockMask, block_mask, cached_attention
 from models.kv_cache import KVCache
 
 _F32 = jnp.float32
@@ -64,7 +64,7 @@ class Attention(nnx.Module):
       self.q_norm = RMSNorm(h, cfg.rms_norm_eps, jnp.dtype(cfg.dtype))
       self.k_norm = RMSNorm(h, cfg.rms_norm_eps, jnp.dtype(cfg.dtype))
 
-  def __call__(self, x_BxTxD, positions_BxT, visible_BxTxS, k_cache, v_cache, slots_BxT,
+  def __call__(self, x_BxTxD, positions_BxT, mask: BlockMask, k_cache, v_cache, slots_BxT,
                inv_freq):
     cfg = self.cfg
     b, t, _ = x_BxTxD.shape
@@ -77,7 +77,7 @@ class Attention(nnx.Module):
     q_BxTxNxH = apply_rope(q_BxTxNxH, positions_BxT, inv_freq)
     k_BxTxKxH = apply_rope(k_BxTxKxH, positions_BxT, inv_freq)
     out_BxTxD, k_cache, v_cache = cached_attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, k_cache,
-                                                   v_cache, slots_BxT, visible_BxTxS)
+                                                   v_cache, slots_BxT, mask)
     return self.o_proj(out_BxTxD), k_cache, v_cache
 
 
@@ -101,10 +101,10 @@ class DecoderLayer(nnx.Module):
     self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
     self.mlp = MLP(cfg, rngs)
 
-  def __call__(self, x_BxTxD, positions_BxT, visible_BxTxS, k_cache, v_cache, slots_BxT,
+  def __call__(self, x_BxTxD, positions_BxT, mask: BlockMask, k_cache, v_cache, slots_BxT,
                inv_freq):
-    attn_out, k_cache, v_cache = self.attn(self.input_norm(x_BxTxD), positions_BxT,
-                                           visible_BxTxS, k_cache, v_cache, slots_BxT, inv_freq)
+    attn_out, k_cache, v_cache = self.attn(self.input_norm(x_BxTxD), positions_BxT, mask,
+                                           k_cache, v_cache, slots_BxT, inv_freq)
     x_BxTxD = x_BxTxD + attn_out
     x_BxTxD = x_BxTxD + self.mlp(self.post_attn_norm(x_BxTxD))
     return x_BxTxD, k_cache, v_cache
@@ -159,13 +159,14 @@ class Decoder(nnx.Module):
       slots_BxT = positions_BxT
     if visible_BxTxS is None:
       visible_BxTxS = chain_visibility(slots_BxT, positions_BxT, cache.capacity)
+    mask = block_mask(slots_BxT, visible_BxTxS, cache.capacity)
     inv_freq = self.inv_freq[...]
     x_BxTxD = self.embed(tokens_BxT)
     collected = {-1: x_BxTxD} if -1 in hidden_layers else {}
     new_k, new_v = [], []
     for i, layer in enumerate(self.layers):
-      x_BxTxD, k, v = layer(x_BxTxD, positions_BxT, visible_BxTxS, cache.k[i], cache.v[i],
-                            slots_BxT, inv_freq)
+      x_BxTxD, k, v = layer(x_BxTxD, positions_BxT, mask, cache.k[i], cache.v[i], slots_BxT,
+                            inv_freq)
       new_k.append(k)
       new_v.append(v)
       if i in hidden_layers:

@@ -7,13 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from asd_jax.asd_config import ASDConfig
 from asd_jax.drafter_api import lm_chain_drafter
 from asd_jax.plain_decode import _plain_decode
 from asd_jax.sampling import SamplingConfig
 from asd_jax.sampling_keys import row_keys
 from asd_jax.spec_decode import _asd_decode, prepare_request
-from asd_jax.asd_config import ASDConfig
-from models.cached_attention import attend_then_write, write_then_attend
+from models.cached_attention import attend_then_write, block_mask, write_then_attend
 from models.lm_fns import decoder_fns
 from tests.tiny_models import perturbed_copy, random_decoder
 
@@ -35,8 +35,9 @@ def _inputs(seed: int, t: int, tree: bool):
   if t >= 3:  # row 0 writes one slot twice, the same entry (a window clamped at position 0)
     slots[0, 1] = slots[0, 0]
     k, v = k.at[0, 1].set(k[0, 0]), v.at[0, 1].set(v[0, 0])
+  slots, visible = jnp.asarray(slots), jnp.asarray(visible)
   return (normal(B, t, KV_HEADS * GROUP, H), k, v, normal(B, KV_HEADS, H, S),
-          normal(B, KV_HEADS, S, H), jnp.asarray(slots), jnp.asarray(visible))
+          normal(B, KV_HEADS, S, H), slots, block_mask(slots, visible, S))
 
 
 @pytest.mark.parametrize("t", [1, 2, 7])
@@ -52,14 +53,14 @@ def test_attending_before_the_write_equals_writing_first(t, tree):
 
 
 def test_a_stale_entry_at_a_rewritten_slot_is_never_read():
-  q, k, v, k_cache, v_cache, slots, visible = _inputs(3, 2, tree=False)
-  visible = jnp.ones_like(visible)
-  out = attend_then_write(q, k, v, k_cache, v_cache, slots, visible)[0]
+  q, k, v, k_cache, v_cache, slots, mask = _inputs(3, 2, tree=False)
+  mask = block_mask(slots, jnp.ones_like(mask.visible_BxTxS), S)
+  out = attend_then_write(q, k, v, k_cache, v_cache, slots, mask)[0]
   rows = jnp.arange(B)[:, None]
   poisoned_k = k_cache.at[rows, :, :, jnp.clip(slots, 0, S - 1)].set(jnp.nan)
   poisoned_v = v_cache.at[rows, :, jnp.clip(slots, 0, S - 1)].set(1e6)
   # Rows 0 and 1 write both slots inside the cache; their stale entries must not matter.
-  out_poisoned = attend_then_write(q, k, v, poisoned_k, poisoned_v, slots, visible)[0]
+  out_poisoned = attend_then_write(q, k, v, poisoned_k, poisoned_v, slots, mask)[0]
   np.testing.assert_allclose(np.asarray(out_poisoned[:2]), np.asarray(out[:2]), rtol=1e-5)
 
 

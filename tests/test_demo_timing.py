@@ -18,12 +18,13 @@ class _Pending:
 
 
 def test_the_warm_up_is_waited_for_before_the_timer_starts():
-  events, calls = [], []
+  events, calls = [], 0
 
   def fn():
-    calls.append(time.perf_counter())
-    events.append(f"call {len(calls)}")
-    return _Pending(events, f"call {len(calls)}")
+    nonlocal calls
+    calls += 1
+    events.append(f"call {calls}")
+    return _Pending(events, f"call {calls}")
 
   _, seconds = _timed(fn)
   assert events == ["call 1", "call 1 ready", "call 2", "call 2 ready"]
