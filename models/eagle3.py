@@ -42,6 +42,7 @@ import numpy as np
 
 from models.config import DTYPES, ModelConfig, RopeScaling, rope_inverse_frequencies
 from models.cached_attention import BlockMask, block_mask
+from models.few_rows_matmul import few_rows_dot_general
 from models.kv_cache import KVCache
 from models.llama import MLP, Attention, RMSNorm, chain_visibility
 
@@ -119,7 +120,8 @@ class Eagle3Config:
 
 def _linear(d_in: int, d_out: int, dtype, rngs: nnx.Rngs) -> nnx.Linear:
   return nnx.Linear(d_in, d_out, use_bias=False, dtype=dtype, param_dtype=dtype,
-                    kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
+                    kernel_init=nnx.initializers.normal(0.02), rngs=rngs,
+                    dot_general=few_rows_dot_general)
 
 
 class _WideInputAttention(Attention):
@@ -207,8 +209,8 @@ class Eagle3Drafter(nnx.Module):
     mask = block_mask(slots_BxT, visible_BxTxS, cache.capacity)
     hidden_BxTxD, k, v = self.layer(self.embed(tokens_BxT), hidden_BxTxD, positions_BxT, mask,
                                     cache.k[0], cache.v[0], slots_BxT, self.inv_freq[...])
-    logits_BxTxVd = jnp.einsum("btd,dv->btv", self.final_norm(hidden_BxTxD),
-                               self.lm_head.kernel[...], preferred_element_type=_F32)
+    logits_BxTxVd = few_rows_dot_general(self.final_norm(hidden_BxTxD), self.lm_head.kernel[...],
+                                         (((2,), (0,)), ((), ())), preferred_element_type=_F32)
     return logits_BxTxVd, hidden_BxTxD, KVCache(k=(k,), v=(v,))
 
 

@@ -1,0 +1,143 @@
+"""x @ w for a few rows on the CPU backend: a native kernel behind an XLA FFI custom call.
+
+Why: decode steps and verification blocks multiply 1-32 rows by every weight matrix. XLA:CPU
+runs one row at memory speed but sends 2-32 rows to a GEMM path that runs far below it (2-core
+Xeon, SmolLM2's 30 MLP blocks: 11.4 ms at 1 row, 17.4 at 2, 24.7 at 6). The kernel in
+native/few_rows_matmul.cc streams the weights once for up to 6 rows at a time (10.0 / 11.2 /
+13.4 ms there) and gives every row the same bits whatever the number of rows, so a
+verification block scores its tokens exactly as single steps would.
+
+`few_rows_dot_general` has `jax.lax.dot_general`'s signature (it is what `nnx.Linear` calls):
+float32 `x[..., K] @ w[K, N]` with at most `MAX_ROWS` rows goes to the kernel when the
+computation is lowered for the CPU; anything else, and every other platform, is
+`jax.lax.dot_general` unchanged. The kernel is compiled on first use with the system C++
+compiler for this CPU (`-march=native`) into the asd-jax cache directory
+(`models.registry.cache_root`). Where that is not possible a warning says so once and XLA's dot
+is used; `ASD_JAX_NATIVE=0` chooses XLA's dot without a warning.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models.registry import cache_root
+
+MAX_ROWS = 12
+"""Rows up to which the kernel beats XLA's dot (it passes over the weights once per 6 rows)."""
+
+_TARGETS = {False: "asd_few_rows_matmul", True: "asd_few_rows_matmul_transposed"}
+_SOURCE = pathlib.Path(__file__).parent / "native" / "few_rows_matmul.cc"
+_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC")
+
+
+def _cpu_flags() -> str:
+  try:
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("flags"):
+        return line
+  except OSError:
+    pass
+  return ""
+
+
+def _library_path() -> pathlib.Path:
+  """Compiles the kernel once per (source, jaxlib, compiler flags, CPU) and returns the .so."""
+  compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+  if compiler is None:
+    raise RuntimeError("no C++ compiler found (set CXX)")
+  key = hashlib.sha256("\0".join(
+      [_SOURCE.read_text(), jax.__version__, compiler, *_FLAGS, _cpu_flags()]).encode())
+  path = cache_root() / "native" / f"few_rows_matmul-{key.hexdigest()[:16]}.so"
+  if path.exists():
+    return path
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+    built = pathlib.Path(tmp) / path.name
+    proc = subprocess.run([compiler, *_FLAGS, f"-I{jax.ffi.include_dir()}", str(_SOURCE), "-o",
+                           str(built)], capture_output=True, text=True)
+    if proc.returncode != 0:
+      raise RuntimeError(f"{compiler} failed:\n{proc.stderr[-2000:]}")
+    os.replace(built, path)  # atomic: concurrent builders (test workers) never see half a file
+  return path
+
+
+@functools.cache
+def native_available() -> bool:
+  """True once the kernel is compiled, loaded and registered for the CPU platform."""
+  if os.environ.get("ASD_JAX_NATIVE", "1") == "0":
+    return False
+  try:
+    library = ctypes.cdll.LoadLibrary(str(_library_path()))
+    for symbol, target in ((library.AsdFewRowsMatmul, _TARGETS[False]),
+                           (library.AsdFewRowsMatmulTransposed, _TARGETS[True])):
+      jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(symbol), platform="cpu")
+  except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+    warnings.warn(f"asd_jax: the native few-rows matmul is unavailable, using XLA's dot "
+                  f"({err})", RuntimeWarning, stacklevel=2)
+    return False
+  return True
+
+
+def _xla_matmul(x_MxK, w, transposed: bool):
+  return x_MxK @ (w.T if transposed else w)
+
+
+def _native_matmul(x_MxK, w, transposed: bool):
+  out = jax.ShapeDtypeStruct((x_MxK.shape[0], w.shape[0] if transposed else w.shape[1]),
+                             jnp.float32)
+  return jax.ffi.ffi_call(_TARGETS[transposed], out, vmap_method="sequential")(x_MxK, w)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _few_rows_matmul(x_MxK, w, transposed: bool):
+  """x[M, K] @ w[K, N], or x @ w.T for w[N, K] when `transposed`."""
+  return jax.lax.platform_dependent(
+      x_MxK, w, cpu=functools.partial(_native_matmul, transposed=transposed),
+      default=functools.partial(_xla_matmul, transposed=transposed))
+
+
+def _fwd(x_MxK, w, transposed):
+  return _few_rows_matmul(x_MxK, w, transposed), (x_MxK, w)
+
+
+def _bwd(transposed, residuals, g_MxN):
+  x_MxK, w = residuals
+  if transposed:
+    return g_MxN @ w, g_MxN.T @ x_MxK
+  return g_MxN @ w.T, x_MxK.T @ g_MxN
+
+
+_few_rows_matmul.defvjp(_fwd, _bwd)
+
+
+def few_rows_dot_general(lhs, rhs, dimension_numbers, precision=None,
+                         preferred_element_type=None, **kwargs):
+  """`jax.lax.dot_general`, with float32 few-row `x[..., K] @ w` on the native kernel.
+
+  w is [K, N] (contracting dim 0, a Linear kernel) or [N, K] (contracting dim 1, a tied
+  embedding used as the LM head).
+  """
+  (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
+  rows = int(np.prod(lhs.shape[:-1]))
+  if (tuple(lhs_contract) == (lhs.ndim - 1,) and tuple(rhs_contract) in ((0,), (1,))
+      and not lhs_batch and not rhs_batch and rhs.ndim == 2 and 1 <= rows <= MAX_ROWS
+      and lhs.dtype == jnp.float32 and rhs.dtype == jnp.float32
+      and preferred_element_type in (None, jnp.float32) and not kwargs.get("out_sharding")
+      and native_available()):
+    transposed = tuple(rhs_contract) == (1,)
+    y_MxN = _few_rows_matmul(lhs.reshape(rows, lhs.shape[-1]), rhs, transposed)
+    return y_MxN.reshape(*lhs.shape[:-1], y_MxN.shape[1])
+  return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                             preferred_element_type=preferred_element_type, **kwargs)
