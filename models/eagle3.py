@@ -42,9 +42,9 @@ import numpy as np
 
 from models.config import DTYPES, ModelConfig, RopeScaling, rope_inverse_frequencies
 from models.cached_attention import BlockMask, block_mask
-from models.few_rows_matmul import few_rows_dot_general
+from models.few_rows_matmul import few_rows_matmul
 from models.kv_cache import KVCache
-from models.llama import MLP, Attention, RMSNorm, chain_visibility
+from models.llama import MLP, Attention, RMSNorm, chain_visibility, linear
 
 _F32 = jnp.float32
 MASKED_LOGIT = -1e30  # finite, so 0 * logit stays 0 in regret/probability arithmetic
@@ -118,19 +118,13 @@ class Eagle3Config:
     return dataclasses.replace(self, dtype=dtype)
 
 
-def _linear(d_in: int, d_out: int, dtype, rngs: nnx.Rngs) -> nnx.Linear:
-  return nnx.Linear(d_in, d_out, use_bias=False, dtype=dtype, param_dtype=dtype,
-                    kernel_init=nnx.initializers.normal(0.02), rngs=rngs,
-                    dot_general=few_rows_dot_general)
-
-
 class _WideInputAttention(Attention):
   """Llama attention whose q/k/v read the 2D-wide [embeds; hidden] input; o_proj writes D."""
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
     super().__init__(dataclasses.replace(cfg, hidden_size=2 * cfg.hidden_size), rngs)
-    self.o_proj = _linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, jnp.dtype(cfg.dtype),
-                          rngs)
+    self.o_proj = linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, jnp.dtype(cfg.dtype),
+                         rngs)
 
 
 class Eagle3Layer(nnx.Module):
@@ -169,10 +163,10 @@ class Eagle3Drafter(nnx.Module):
     d = cfg.hidden_size
     self.embed = nnx.Embed(cfg.target_vocab_size, d, dtype=dtype, param_dtype=dtype,
                            embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
-    self.fc = _linear(3 * d, d, dtype, rngs)
+    self.fc = linear(3 * d, d, dtype, rngs)
     self.layer = Eagle3Layer(layer_cfg, rngs)
     self.final_norm = RMSNorm(d, cfg.rms_norm_eps, dtype)
-    self.lm_head = _linear(d, cfg.draft_vocab_size, dtype, rngs)
+    self.lm_head = linear(d, cfg.draft_vocab_size, dtype, rngs)
     # Identity map until a frequency-ranked one is set: draft ids = the lowest Vd target ids.
     self.d2t = nnx.Variable(jnp.zeros((cfg.draft_vocab_size,), jnp.int32))
     self.t2d = nnx.Variable(jnp.arange(cfg.target_vocab_size) < cfg.draft_vocab_size)
@@ -209,8 +203,8 @@ class Eagle3Drafter(nnx.Module):
     mask = block_mask(slots_BxT, visible_BxTxS, cache.capacity)
     hidden_BxTxD, k, v = self.layer(self.embed(tokens_BxT), hidden_BxTxD, positions_BxT, mask,
                                     cache.k[0], cache.v[0], slots_BxT, self.inv_freq[...])
-    logits_BxTxVd = few_rows_dot_general(self.final_norm(hidden_BxTxD), self.lm_head.kernel[...],
-                                         (((2,), (0,)), ((), ())), preferred_element_type=_F32)
+    logits_BxTxVd = few_rows_matmul(self.final_norm(hidden_BxTxD), self.lm_head.kernel[...],
+                                    preferred_element_type=_F32)
     return logits_BxTxVd, hidden_BxTxD, KVCache(k=(k,), v=(v,))
 
 

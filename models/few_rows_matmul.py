@@ -1,14 +1,15 @@
 """x @ w for a few rows on the CPU backend: a native kernel behind an XLA FFI custom call.
 
-Why: decode steps and verification blocks multiply 1-32 rows by every weight matrix. XLA:CPU
-runs one row at memory speed but sends 2-32 rows to a GEMM path that runs far below it (2-core
-Xeon, SmolLM2's 30 MLP blocks: 11.4 ms at 1 row, 17.4 at 2, 24.7 at 6). The kernel in
-native/few_rows_matmul.cc streams the weights once for up to 6 rows at a time (10.0 / 11.2 /
-13.4 ms there) and gives every row the same bits whatever the number of rows, so a
-verification block scores its tokens exactly as single steps would.
+Why: decode steps and verification blocks multiply 1-12 rows by every weight matrix. XLA:CPU
+runs one row at about memory speed but sends 2-16 rows to a GEMM path that streams the weights
+far slower (2-core Xeon, SmolLM2's 30 MLP blocks: 12.1 ms at 1 row, 18.6 at 2, 25.9 at 6). The
+kernel in native/few_rows_matmul.cc streams them once per 6 rows (11.0 / 11.6 / 12.8 ms there;
+`scripts/bench_few_rows_matmul.py`) and gives every row the same bits whatever the other rows,
+so a verification block scores its tokens exactly as single steps would.
 
-`few_rows_dot_general` has `jax.lax.dot_general`'s signature (it is what `nnx.Linear` calls):
-float32 `x[..., K] @ w[K, N]` with at most `MAX_ROWS` rows goes to the kernel when the
+`few_rows_dot_general` has `jax.lax.dot_general`'s signature (it is what `nnx.Linear` calls);
+`few_rows_matmul` is the same for a plain `x @ w` or `x @ w^T` (the LM heads). Both send
+float32 `x[..., K] @ w` with at most `MAX_ROWS` rows to the kernel when the
 computation is lowered for the CPU; anything else, and every other platform, is
 `jax.lax.dot_general` unchanged. The kernel is compiled on first use with the system C++
 compiler for this CPU (`-march=native`) into the asd-jax cache directory
@@ -101,7 +102,7 @@ def _native_matmul(x_MxK, w, transposed: bool):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _few_rows_matmul(x_MxK, w, transposed: bool):
+def _matmul_2d(x_MxK, w, transposed: bool):
   """x[M, K] @ w[K, N], or x @ w.T for w[N, K] when `transposed`."""
   return jax.lax.platform_dependent(
       x_MxK, w, cpu=functools.partial(_native_matmul, transposed=transposed),
@@ -109,7 +110,7 @@ def _few_rows_matmul(x_MxK, w, transposed: bool):
 
 
 def _fwd(x_MxK, w, transposed):
-  return _few_rows_matmul(x_MxK, w, transposed), (x_MxK, w)
+  return _matmul_2d(x_MxK, w, transposed), (x_MxK, w)
 
 
 def _bwd(transposed, residuals, g_MxN):
@@ -119,7 +120,7 @@ def _bwd(transposed, residuals, g_MxN):
   return g_MxN @ w.T, x_MxK.T @ g_MxN
 
 
-_few_rows_matmul.defvjp(_fwd, _bwd)
+_matmul_2d.defvjp(_fwd, _bwd)
 
 
 def few_rows_dot_general(lhs, rhs, dimension_numbers, precision=None,
@@ -137,7 +138,14 @@ def few_rows_dot_general(lhs, rhs, dimension_numbers, precision=None,
       and preferred_element_type in (None, jnp.float32) and not kwargs.get("out_sharding")
       and native_available()):
     transposed = tuple(rhs_contract) == (1,)
-    y_MxN = _few_rows_matmul(lhs.reshape(rows, lhs.shape[-1]), rhs, transposed)
+    y_MxN = _matmul_2d(lhs.reshape(rows, lhs.shape[-1]), rhs, transposed)
     return y_MxN.reshape(*lhs.shape[:-1], y_MxN.shape[1])
   return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                              preferred_element_type=preferred_element_type, **kwargs)
+
+
+def few_rows_matmul(x, w, *, transposed: bool = False, preferred_element_type=None):
+  """x[..., K] @ w[K, N], or x @ w^T for w[N, K] when `transposed`, via few_rows_dot_general."""
+  contract = 1 if transposed else 0
+  return few_rows_dot_general(x, w, (((x.ndim - 1,), (contract,)), ((), ())),
+                              preferred_element_type=preferred_element_type)

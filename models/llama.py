@@ -16,7 +16,7 @@ import numpy as np
 
 from models.config import ModelConfig, rope_inverse_frequencies
 from models.cached_attention import BlockMask, block_mask, cached_attention
-from models.few_rows_matmul import few_rows_dot_general
+from models.few_rows_matmul import few_rows_dot_general, few_rows_matmul
 from models.kv_cache import KVCache
 
 _F32 = jnp.float32
@@ -35,11 +35,15 @@ class RMSNorm(nnx.Module):
     return self.scale[...].astype(x.dtype) * y.astype(x.dtype)
 
 
-def _linear(cfg: ModelConfig, d_in: int, d_out: int, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
-  dtype = jnp.dtype(cfg.dtype)
+def linear(d_in: int, d_out: int, dtype, rngs: nnx.Rngs, bias: bool = False) -> nnx.Linear:
+  """The decoders' and drafters' projection; few-row float32 matmuls go to the native kernel."""
   return nnx.Linear(d_in, d_out, use_bias=bias, dtype=dtype, param_dtype=dtype,
                     kernel_init=nnx.initializers.normal(0.02), rngs=rngs,
                     dot_general=few_rows_dot_general)
+
+
+def _linear(cfg: ModelConfig, d_in: int, d_out: int, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
+  return linear(d_in, d_out, jnp.dtype(cfg.dtype), rngs, bias)
 
 
 def apply_rope(x_BxTxNxH: jax.Array, positions_BxT: jax.Array, inv_freq: jax.Array) -> jax.Array:
@@ -137,9 +141,8 @@ class Decoder(nnx.Module):
     h = self.final_norm(h_BxTxD)
     if self.cfg.tie_embeddings:
       w_VxD = self.embed.embedding[...]
-      return few_rows_dot_general(h, w_VxD, (((2,), (1,)), ((), ())), preferred_element_type=_F32)
-    return few_rows_dot_general(h, self.lm_head.kernel[...], (((2,), (0,)), ((), ())),
-                                preferred_element_type=_F32)
+      return few_rows_matmul(h, w_VxD, transposed=True, preferred_element_type=_F32)
+    return few_rows_matmul(h, self.lm_head.kernel[...], preferred_element_type=_F32)
 
   def __call__(self, tokens_BxT, positions_BxT, cache: KVCache, *, slots_BxT=None,
                visible_BxTxS=None, hidden_layers: tuple[int, ...] = (), logits_at_BxR=None):

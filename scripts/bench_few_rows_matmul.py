@@ -48,7 +48,7 @@ def _head(dot):
 
 
 def _native(x, w, contract):
-  return frm.few_rows_dot_general(x, w, (((1,), (contract,)), ((), ())))
+  return frm.few_rows_matmul(x, w, transposed=contract == 1)
 
 
 def _xla(x, w, contract):

@@ -14,12 +14,11 @@ from models import few_rows_matmul as frm
 pytestmark = pytest.mark.skipif(not frm.native_available(),
                                 reason="no C++ compiler for the native kernel")
 
-def _dot(x, w):
-  return frm.few_rows_dot_general(x, w, (((x.ndim - 1,), (0,)), ((), ())))
+_dot = frm.few_rows_matmul
 
 
 def _dot_t(x, w_NxK):
-  return frm.few_rows_dot_general(x, w_NxK, (((x.ndim - 1,), (1,)), ((), ())))
+  return frm.few_rows_matmul(x, w_NxK, transposed=True)
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 576, 1536), (6, 576, 1536), (5, 1536, 576), (12, 64, 192),

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -43,7 +44,7 @@ constexpr int kLanes = 4;
 #endif
 constexpr int kVecs = 4;                       // vectors per column tile
 constexpr int kTile = kLanes * kVecs;          // columns per tile
-constexpr int kMaxRows = 6;                    // x-rows held in registers at once
+constexpr int kRowsInRegisters = 6;            // x-rows whose accumulators fit at once
 constexpr int kRowBlock = 8;                   // w rows per register pass over a tile
 
 typedef float Vec __attribute__((vector_size(kLanes * sizeof(float)), aligned(4)));
@@ -100,21 +101,31 @@ void TilesPart(int64_t K, int64_t N, const float* x, const float* w, float* y, i
     }
 }
 
-// y[M, N] += x[M, k0:k1] @ w[k0:k1, :], rows in groups of kMaxRows.
-void Part(int64_t M, int64_t K, int64_t N, const float* x, const float* w, float* y, int64_t k0,
-          int64_t k1) {
-  for (int64_t m = 0; m < M; m += kMaxRows) {
+// Calls body(xm, ym, std::integral_constant<int, R>) for the rows of x and y in groups of
+// kRowsInRegisters, R being the group's size, so each group gets its register-blocked code.
+template <typename Body>
+void ForRowGroups(int64_t M, int64_t K, int64_t N, const float* x, float* y, Body body) {
+  for (int64_t m = 0; m < M; m += kRowsInRegisters) {
     const float* xm = x + m * K;
     float* ym = y + m * N;
-    switch (std::min<int64_t>(M - m, kMaxRows)) {
-      case 1: TilesPart<1>(K, N, xm, w, ym, k0, k1); break;
-      case 2: TilesPart<2>(K, N, xm, w, ym, k0, k1); break;
-      case 3: TilesPart<3>(K, N, xm, w, ym, k0, k1); break;
-      case 4: TilesPart<4>(K, N, xm, w, ym, k0, k1); break;
-      case 5: TilesPart<5>(K, N, xm, w, ym, k0, k1); break;
-      default: TilesPart<6>(K, N, xm, w, ym, k0, k1); break;
+    switch (std::min<int64_t>(M - m, kRowsInRegisters)) {
+      case 1: body(xm, ym, std::integral_constant<int, 1>{}); break;
+      case 2: body(xm, ym, std::integral_constant<int, 2>{}); break;
+      case 3: body(xm, ym, std::integral_constant<int, 3>{}); break;
+      case 4: body(xm, ym, std::integral_constant<int, 4>{}); break;
+      case 5: body(xm, ym, std::integral_constant<int, 5>{}); break;
+      default: body(xm, ym, std::integral_constant<int, 6>{}); break;
     }
   }
+}
+static_assert(kRowsInRegisters == 6, "ForRowGroups spells out the group sizes 1..6");
+
+// y[M, N] += x[M, k0:k1] @ w[k0:k1, :].
+void Part(int64_t M, int64_t K, int64_t N, const float* x, const float* w, float* y, int64_t k0,
+          int64_t k1) {
+  ForRowGroups(M, K, N, x, y, [&](const float* xm, float* ym, auto rows) {
+    TilesPart<decltype(rows)::value>(K, N, xm, w, ym, k0, k1);
+  });
 }
 
 // Lane sum in one fixed pairwise order (halves added until one lane is left), so a row's
@@ -186,21 +197,12 @@ void RowDotsRange(int64_t K, int64_t N, const float* x, const float* w, float* y
   for (; n < n1; ++n) RowDotsBlock<R, 1>(K, N, x, w, y, n);
 }
 
-// y[M, n0:n1] = x[M, :] @ w[n0:n1, :]^T, rows in groups of kMaxRows.
+// y[M, n0:n1] = x[M, :] @ w[n0:n1, :]^T.
 void RowDots(int64_t M, int64_t K, int64_t N, const float* x, const float* w, float* y,
              int64_t n0, int64_t n1) {
-  for (int64_t m = 0; m < M; m += kMaxRows) {
-    const float* xm = x + m * K;
-    float* ym = y + m * N;
-    switch (std::min<int64_t>(M - m, kMaxRows)) {
-      case 1: RowDotsRange<1>(K, N, xm, w, ym, n0, n1); break;
-      case 2: RowDotsRange<2>(K, N, xm, w, ym, n0, n1); break;
-      case 3: RowDotsRange<3>(K, N, xm, w, ym, n0, n1); break;
-      case 4: RowDotsRange<4>(K, N, xm, w, ym, n0, n1); break;
-      case 5: RowDotsRange<5>(K, N, xm, w, ym, n0, n1); break;
-      default: RowDotsRange<6>(K, N, xm, w, ym, n0, n1); break;
-    }
-  }
+  ForRowGroups(M, K, N, x, y, [&](const float* xm, float* ym, auto rows) {
+    RowDotsRange<decltype(rows)::value>(K, N, xm, w, ym, n0, n1);
+  });
 }
 
 // Splits `parts` pieces of work over the calling thread and the XLA intra-op pool. Threads
