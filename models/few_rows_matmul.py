@@ -33,12 +33,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from models.block_quant import Q4_1_COLUMNS, QUANT_BLOCK, Q4_1Records, Q8_0Rows
 from models.registry import cache_root
 
 MAX_ROWS = 12
 """Rows up to which the kernel beats XLA's dot (it passes over the weights once per 6 rows)."""
 
 _TARGETS = {False: "asd_few_rows_matmul", True: "asd_few_rows_matmul_transposed"}
+_Q4_1_TARGET = "asd_few_rows_matmul_q4_1"
+_Q8_0_TARGET = "asd_few_rows_matmul_transposed_q8_0"
 _SOURCE = pathlib.Path(__file__).parent / "native" / "few_rows_matmul.cc"
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC")
 
@@ -82,7 +85,9 @@ def native_available() -> bool:
   try:
     library = ctypes.cdll.LoadLibrary(str(_library_path()))
     for symbol, target in ((library.AsdFewRowsMatmul, _TARGETS[False]),
-                           (library.AsdFewRowsMatmulTransposed, _TARGETS[True])):
+                           (library.AsdFewRowsMatmulTransposed, _TARGETS[True]),
+                           (library.AsdFewRowsMatmulQ4_1, _Q4_1_TARGET),
+                           (library.AsdFewRowsMatmulTransposedQ8_0, _Q8_0_TARGET)):
       jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(symbol), platform="cpu")
   except (OSError, RuntimeError, subprocess.SubprocessError) as err:
     warnings.warn(f"asd_jax: the native few-rows matmul is unavailable, using XLA's dot "
@@ -123,12 +128,47 @@ def _bwd(transposed, residuals, g_MxN):
 _matmul_2d.defvjp(_fwd, _bwd)
 
 
+def _native_blocks_matmul(x_MxK, w, blocks):
+  del w  # the same numbers as `blocks`, in float32: read by the other platforms and backward
+  if isinstance(blocks, Q4_1Records):
+    out = jax.ShapeDtypeStruct((x_MxK.shape[0], blocks.records.shape[1] * Q4_1_COLUMNS),
+                               jnp.float32)
+    return jax.ffi.ffi_call(_Q4_1_TARGET, out, vmap_method="sequential")(x_MxK, blocks.records)
+  out = jax.ShapeDtypeStruct((x_MxK.shape[0], blocks.q.shape[0]), jnp.float32)
+  return jax.ffi.ffi_call(_Q8_0_TARGET, out, vmap_method="sequential")(x_MxK, blocks.q,
+                                                                       blocks.d)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _blocks_matmul_2d(x_MxK, w, transposed: bool, blocks):
+  """`_matmul_2d` reading `blocks` (the same weights, quantised) on the CPU."""
+  return jax.lax.platform_dependent(
+      x_MxK, w, blocks, cpu=_native_blocks_matmul,
+      default=lambda x, w, blocks: _xla_matmul(x, w, transposed))
+
+
+def _blocks_fwd(x_MxK, w, transposed, blocks):
+  return _blocks_matmul_2d(x_MxK, w, transposed, blocks), (x_MxK, w, blocks)
+
+
+def _blocks_bwd(transposed, residuals, g_MxN):
+  x_MxK, w, blocks = residuals
+  gx, gw = _bwd(transposed, (x_MxK, w), g_MxN)
+  return gx, gw, jax.tree_util.tree_map(lambda b: np.zeros(b.shape, jax.dtypes.float0), blocks)
+
+
+_blocks_matmul_2d.defvjp(_blocks_fwd, _blocks_bwd)
+
+
 def few_rows_dot_general(lhs, rhs, dimension_numbers, precision=None,
-                         preferred_element_type=None, **kwargs):
+                         preferred_element_type=None, blocks=None, **kwargs):
   """`jax.lax.dot_general`, with float32 few-row `x[..., K] @ w` on the native kernel.
 
   w is [K, N] (contracting dim 0, a Linear kernel) or [N, K] (contracting dim 1, a tied
-  embedding used as the LM head).
+  embedding used as the LM head). `blocks` (`Q4_1Records` for a [K, N] kernel, `Q8_0Rows` for
+  an [N, K] head) are w's GGUF blocks: the kernel then reads those instead of w, and gives
+  the same bits at a fraction of the bytes; w still serves more rows, other platforms and
+  gradients.
   """
   (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
   rows = int(np.prod(lhs.shape[:-1]))
@@ -138,14 +178,29 @@ def few_rows_dot_general(lhs, rhs, dimension_numbers, precision=None,
       and preferred_element_type in (None, jnp.float32) and not kwargs.get("out_sharding")
       and native_available()):
     transposed = tuple(rhs_contract) == (1,)
-    y_MxN = _matmul_2d(lhs.reshape(rows, lhs.shape[-1]), rhs, transposed)
+    x_MxK = lhs.reshape(rows, lhs.shape[-1])
+    if blocks is not None and _blocks_match(blocks, rhs, transposed):
+      y_MxN = _blocks_matmul_2d(x_MxK, rhs, transposed, blocks)
+    else:
+      y_MxN = _matmul_2d(x_MxK, rhs, transposed)
     return y_MxN.reshape(*lhs.shape[:-1], y_MxN.shape[1])
   return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                              preferred_element_type=preferred_element_type, **kwargs)
 
 
-def few_rows_matmul(x, w, *, transposed: bool = False, preferred_element_type=None):
+def few_rows_matmul(x, w, *, transposed: bool = False, preferred_element_type=None,
+                    blocks=None):
   """x[..., K] @ w[K, N], or x @ w^T for w[N, K] when `transposed`, via few_rows_dot_general."""
   contract = 1 if transposed else 0
   return few_rows_dot_general(x, w, (((x.ndim - 1,), (contract,)), ((), ())),
-                              preferred_element_type=preferred_element_type)
+                              preferred_element_type=preferred_element_type, blocks=blocks)
+
+
+def _blocks_match(blocks, w, transposed: bool) -> bool:
+  """Whether `blocks` are laid out for w's orientation and shape (else w is used as is)."""
+  if isinstance(blocks, Q4_1Records):
+    kb, tiles, _ = blocks.records.shape
+    return not transposed and w.shape == (kb * QUANT_BLOCK, tiles * Q4_1_COLUMNS)
+  if isinstance(blocks, Q8_0Rows):
+    return transposed and w.shape == blocks.q.shape
+  raise TypeError(f"unknown weight blocks {type(blocks).__name__}")

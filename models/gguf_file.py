@@ -93,6 +93,30 @@ def load_gguf(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, np.nda
   return config, tensors
 
 
+def load_gguf_blocks(path: str | os.PathLike, kinds: tuple[str, ...] = ("Q4_1", "Q8_0")
+                     ) -> dict[str, tuple[str, np.ndarray]]:
+  """The raw blocks of the quantised matrices, for kernels that compute with them as stored.
+
+  Returns {HF name: (type name, uint8 rows [out, bytes])} for every 2-D tensor whose type is
+  in `kinds`, its rows in HF order (Q/K un-permuted like `load_gguf`'s), so that dequantising
+  a row gives that row of `load_gguf`'s tensor exactly. Nothing is dequantised.
+  """
+  reader = _open(path)
+  config = gguf_config(reader, path)
+  permuted = config["model_type"] == "llama"
+  blocks = {}
+  for t in reader.tensors:
+    if t.tensor_type.name not in kinds or t.data.ndim != 2 or t.name == _ROPE_FREQS:
+      continue
+    rows = np.asarray(t.data, np.uint8)
+    if permuted and t.name.endswith(".attn_q.weight"):
+      rows = _unpermute_rows(rows, config["num_attention_heads"], t.name, path)
+    elif permuted and t.name.endswith(".attn_k.weight"):
+      rows = _unpermute_rows(rows, config["num_key_value_heads"], t.name, path)
+    blocks[_hf_name(t.name, path)] = (t.tensor_type.name, rows)
+  return blocks
+
+
 def gguf_config(reader: gguf.GGUFReader, path: str | os.PathLike) -> dict[str, Any]:
   """Builds an HF config.json-style dict from GGUF metadata (no tensor data is read)."""
   arch = _field(reader, "general.architecture", path)

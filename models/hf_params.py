@@ -13,9 +13,10 @@ import flax.nnx as nnx
 import jax.numpy as jnp
 import numpy as np
 
+from models.block_quant import pack_q4_1, pack_q8_0
 from models.config import ModelConfig
 from models.errors import CheckpointError
-from models.llama import Decoder
+from models.llama import Decoder, WeightBlocks
 
 # (HF suffix under model.layers.{i}., attribute path inside DecoderLayer, transpose?)
 _LAYER_TENSORS = (
@@ -98,3 +99,42 @@ def decoder_to_hf_tensors(model: Decoder) -> dict[str, np.ndarray]:
     value = np.asarray(_resolve(model, path)[...], np.float32)
     out[hf_name] = value.T if transpose else value
   return out
+
+
+def attach_weight_blocks(model: Decoder, blocks: Mapping[str, tuple[str, np.ndarray]]) -> int:
+  """Gives the decoder's projections and tied head the checkpoint's quantised blocks.
+
+  `blocks` is `models.gguf_file.load_gguf_blocks`'s {HF name: (type, raw rows)}. Q4_1 Linear
+  weights and a Q8_0 tied embedding are packed for the native kernels (models/block_quant.py);
+  any other type, shape or place keeps only its float32 Param. Only float32 decoders compute
+  with blocks (they stand for float32 weights). Returns how many weights were attached.
+  """
+  if jnp.dtype(model.cfg.dtype) != jnp.float32:
+    return 0
+  attached = 0
+  for hf_name, path, transpose in _tensor_map(model.cfg):
+    if hf_name not in blocks:
+      continue
+    kind, rows = blocks[hf_name]
+    var = _resolve(model, path)
+    if path.endswith(".kernel") and transpose and kind == "Q4_1":
+      k, n = var.shape
+      try:
+        records = pack_q4_1(rows, k)
+      except ValueError:
+        continue  # e.g. N not a multiple of 32: the float32 kernel path serves it
+      if records.records.shape[1] * 32 != n:
+        raise CheckpointError(f"{hf_name!r}: Q4_1 blocks for {rows.shape[0]} rows, "
+                              f"the parameter has {n}")
+      _resolve(model, path.rsplit(".", 1)[0]).q4_1 = WeightBlocks(jnp.asarray(records.records))
+      attached += 1
+    elif path == "embed.embedding" and model.cfg.tie_embeddings and kind == "Q8_0":
+      n, k = var.shape
+      packed = pack_q8_0(rows, k)
+      if packed.q.shape != (n, k):
+        raise CheckpointError(f"{hf_name!r}: Q8_0 blocks of shape {packed.q.shape}, "
+                              f"the parameter has {(n, k)}")
+      model.head_q8_0_q = WeightBlocks(jnp.asarray(packed.q))
+      model.head_q8_0_d = WeightBlocks(jnp.asarray(packed.d))
+      attached += 1
+  return attached

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from models.block_quant import Q4_1Records, Q8_0Rows
 from models.config import ModelConfig, rope_inverse_frequencies
 from models.cached_attention import BlockMask, block_mask, cached_attention
 from models.few_rows_matmul import few_rows_dot_general, few_rows_matmul
@@ -35,14 +36,36 @@ class RMSNorm(nnx.Module):
     return self.scale[...].astype(x.dtype) * y.astype(x.dtype)
 
 
-def linear(d_in: int, d_out: int, dtype, rngs: nnx.Rngs, bias: bool = False) -> nnx.Linear:
+class WeightBlocks(nnx.Variable):
+  """A weight's GGUF blocks in a native kernel's layout (models/block_quant.py).
+
+  Not a Param: never trained, checkpointed or counted; the float32 Param beside it holds the
+  same numbers and serves every other computation.
+  """
+
+
+class Linear(nnx.Linear):
+  """nnx.Linear whose few-row float32 products run on the native kernel; from the checkpoint's
+  Q4_1 blocks (`q4_1`, set by `models.hf_params.attach_weight_blocks`) when it has them."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, dot_general=few_rows_dot_general, **kwargs)
+    self.q4_1: WeightBlocks | None = nnx.data(None)   # data: may become a WeightBlocks
+
+  def __call__(self, x):
+    if self.q4_1 is None:
+      return super().__call__(x)
+    y = few_rows_matmul(x, self.kernel[...], blocks=Q4_1Records(self.q4_1[...]))
+    return y if self.bias is None else y + self.bias[...]
+
+
+def linear(d_in: int, d_out: int, dtype, rngs: nnx.Rngs, bias: bool = False) -> Linear:
   """The decoders' and drafters' projection; few-row float32 matmuls go to the native kernel."""
-  return nnx.Linear(d_in, d_out, use_bias=bias, dtype=dtype, param_dtype=dtype,
-                    kernel_init=nnx.initializers.normal(0.02), rngs=rngs,
-                    dot_general=few_rows_dot_general)
+  return Linear(d_in, d_out, use_bias=bias, dtype=dtype, param_dtype=dtype,
+                kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
 
 
-def _linear(cfg: ModelConfig, d_in: int, d_out: int, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
+def _linear(cfg: ModelConfig, d_in: int, d_out: int, bias: bool, rngs: nnx.Rngs) -> Linear:
   return linear(d_in, d_out, jnp.dtype(cfg.dtype), rngs, bias)
 
 
@@ -135,13 +158,20 @@ class Decoder(nnx.Module):
     if not cfg.tie_embeddings:
       self.lm_head = _linear(cfg, cfg.hidden_size, cfg.vocab_size, False, rngs)
     self.inv_freq = nnx.Variable(jnp.asarray(rope_inverse_frequencies(cfg), _F32))
+    # The tied embedding's Q8_0 blocks for the LM head, when the checkpoint has them.
+    self.head_q8_0_q: WeightBlocks | None = nnx.data(None)   # int8 [V, D]
+    self.head_q8_0_d: WeightBlocks | None = nnx.data(None)   # float32 [V, D / 32]
 
   def logits(self, h_BxTxD: jax.Array) -> jax.Array:
     """Final norm + LM head; float32 logits [B, T, V]."""
     h = self.final_norm(h_BxTxD)
     if self.cfg.tie_embeddings:
       w_VxD = self.embed.embedding[...]
-      return few_rows_matmul(h, w_VxD, transposed=True, preferred_element_type=_F32)
+      blocks = None
+      if self.head_q8_0_q is not None:
+        blocks = Q8_0Rows(q=self.head_q8_0_q[...], d=self.head_q8_0_d[...])
+      return few_rows_matmul(h, w_VxD, transposed=True, preferred_element_type=_F32,
+                             blocks=blocks)
     return few_rows_matmul(h, self.lm_head.kernel[...], preferred_element_type=_F32)
 
   def __call__(self, tokens_BxT, positions_BxT, cache: KVCache, *, slots_BxT=None,

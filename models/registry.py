@@ -6,6 +6,7 @@ the result cached as an HF folder, so later loads cost a safetensors read:
 
   <cache root>/converted/<stem>-<key>/model/      config.json + model.safetensors (float32)
   <cache root>/converted/<stem>-<key>/tokenizer/  tokenizer files (models/tokenizer.py)
+  <cache root>/converted/<stem>-<key>/weight_blocks/  the raw Q4_1/Q8_0 rows (load_weight_blocks)
 
 The cache root is $ASD_JAX_CACHE_DIR or platformdirs' user cache dir for "asd-jax"; <key> hashes
 the GGUF's absolute path, size and mtime, so an edited or replaced file is converted afresh.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -27,7 +29,7 @@ from typing import Any, Callable, Literal
 import numpy as np
 
 from models.errors import CheckpointError, UnknownModelError
-from models.gguf_file import load_gguf
+from models.gguf_file import load_gguf, load_gguf_blocks
 from models.hf_folder import CONFIG_FILE, WEIGHTS_FILE, load_hf_folder, save_hf_folder
 
 log = logging.getLogger(__name__)
@@ -130,6 +132,47 @@ def load_checkpoint(name_or_path: str | os.PathLike, cache: bool = True
   else:
     log.info("converted %s to %s in %.1f s", resolved.path, folder, time.perf_counter() - start)
   return config, tensors
+
+
+_BLOCK_KINDS_FILE = "kinds.json"
+_BLOCK_ROWS_FILE = "rows.npz"
+
+
+def load_weight_blocks(name_or_path: str | os.PathLike, cache: bool = True
+                       ) -> dict[str, tuple[str, np.ndarray]]:
+  """A GGUF checkpoint's quantised matrices as stored ({HF name: (type, uint8 rows)}).
+
+  See `models.gguf_file.load_gguf_blocks`; {} for an HF folder. With cache=True they are read
+  from the GGUF once (opening it costs ~1.6 s for SmolLM2, mostly the tokenizer metadata) and
+  from a cached .npz afterwards.
+  """
+  resolved = resolve_checkpoint(name_or_path)
+  if resolved.kind != "gguf":
+    return {}
+  if not cache:
+    return load_gguf_blocks(resolved.path)
+  folder = cache_entry_dir(resolved) / "weight_blocks"
+  try:
+    kinds = json.loads((folder / _BLOCK_KINDS_FILE).read_text())
+    with np.load(folder / _BLOCK_ROWS_FILE) as rows:
+      return {name: (kind, rows[name]) for name, kind in kinds.items()}
+  except FileNotFoundError:
+    pass
+  except (OSError, ValueError, KeyError) as e:  # damaged or tampered: the GGUF is the truth
+    log.warning("discarding damaged weight-block cache %s: %s", folder, e)
+    shutil.rmtree(folder, ignore_errors=True)
+  blocks = load_gguf_blocks(resolved.path)
+
+  def write(tmp: Path) -> None:
+    np.savez(tmp / _BLOCK_ROWS_FILE, **{name: rows for name, (_, rows) in blocks.items()})
+    (tmp / _BLOCK_KINDS_FILE).write_text(
+        json.dumps({name: kind for name, (kind, _) in blocks.items()}))
+
+  try:
+    write_atomically(folder, write)
+  except OSError as e:
+    log.warning("could not cache the weight blocks of %s in %s: %s", resolved.path, folder, e)
+  return blocks
 
 
 def cache_root() -> Path:
