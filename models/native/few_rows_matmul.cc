@@ -18,6 +18,12 @@
 // lane sums in one fixed order), so a row's result is bitwise the same in a 1-row step and in
 // a 6-row verification.
 //
+// Block-quantised weights: a GGUF target's Q4_1 projections and Q8_0 tied head are also read
+// as stored (FewRowsMatmulQ4_1, FewRowsMatmulTransposedQ8_0; layouts in models/block_quant.py).
+// Each weight is rebuilt exactly in registers and accumulated in the float32 kernels' order,
+// so the results are the float32 kernels' bits while ~6x fewer bytes stream per step (SmolLM2:
+// 540 -> 84 MB). One row is then no longer memory-bound: the dequantisation and the FMAs are.
+//
 // Vector width follows the compiler's target (-march=native): GCC vector extensions lower to
 // AVX-512, AVX2 or SSE.
 
