@@ -44,6 +44,9 @@ from models.registry import cache_root
 MAX_ROWS = 12
 """Rows up to which the kernel beats XLA's dot (it passes over the weights once per 6 rows)."""
 
+MAX_BLOCKS_ROWS = 48
+"""The same for the kernel on GGUF blocks, which streams 6x fewer bytes per pass."""
+
 _TARGETS = {False: "asd_few_rows_matmul", True: "asd_few_rows_matmul_transposed"}
 _Q4_1_TARGET = "asd_few_rows_matmul_q4_1"
 _Q8_0_TARGET = "asd_few_rows_matmul_transposed_q8_0"
@@ -178,7 +181,8 @@ def few_rows_dot_general(lhs, rhs, dimension_numbers, precision=None,
   (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
   rows = int(np.prod(lhs.shape[:-1]))
   if (tuple(lhs_contract) == (lhs.ndim - 1,) and tuple(rhs_contract) in ((0,), (1,))
-      and not lhs_batch and not rhs_batch and rhs.ndim == 2 and 1 <= rows <= MAX_ROWS
+      and not lhs_batch and not rhs_batch and rhs.ndim == 2
+      and 1 <= rows <= (MAX_ROWS if blocks is None else MAX_BLOCKS_ROWS)
       and lhs.dtype == jnp.float32 and rhs.dtype == jnp.float32
       and preferred_element_type in (None, jnp.float32) and not kwargs.get("out_sharding")
       and native_available()):
@@ -186,8 +190,11 @@ def few_rows_dot_general(lhs, rhs, dimension_numbers, precision=None,
     x_MxK = lhs.reshape(rows, lhs.shape[-1])
     if blocks is not None and _blocks_match(blocks, rhs, transposed):
       y_MxN = _blocks_matmul_2d(x_MxK, rhs, transposed, blocks)
-    else:
+    elif rows <= MAX_ROWS:
       y_MxN = _matmul_2d(x_MxK, rhs, transposed)
+    else:
+      return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                                 preferred_element_type=preferred_element_type, **kwargs)
     return y_MxN.reshape(*lhs.shape[:-1], y_MxN.shape[1])
   return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                              preferred_element_type=preferred_element_type, **kwargs)

@@ -83,9 +83,11 @@ def test_blocks_apply_only_where_they_match():
   records = bq.pack_q4_1(raw, 64)
   uses_blocks = lambda fn, x: frm._Q4_1_TARGET in jax.jit(fn).lower(x).as_text()  # noqa: E731
   assert uses_blocks(lambda x: frm.few_rows_matmul(x, w, blocks=records), jnp.ones((6, 64)))
-  # more rows than the kernel serves: XLA's dot on the float32 weights
+  # past MAX_ROWS only the blocks kernel still beats XLA's dot; past MAX_BLOCKS_ROWS neither
+  assert uses_blocks(lambda x: frm.few_rows_matmul(x, w, blocks=records),
+                     jnp.ones((frm.MAX_BLOCKS_ROWS, 64)))
   assert not uses_blocks(lambda x: frm.few_rows_matmul(x, w, blocks=records),
-                         jnp.ones((frm.MAX_ROWS + 1, 64)))
+                         jnp.ones((frm.MAX_BLOCKS_ROWS + 1, 64)))
   # blocks of another shape are never read in place of w
   other = jnp.ones((64, 32), jnp.float32)
   assert not uses_blocks(lambda x: frm.few_rows_matmul(x, other, blocks=records),
@@ -128,7 +130,7 @@ def quantised_gguf(tmp_path, monkeypatch):
 def _step(loaded, tokens):
   """(jitted forward, its args) for `tokens` from position 0."""
   args = (jnp.asarray([tokens], jnp.int32), jnp.arange(len(tokens), dtype=jnp.int32)[None],
-          KVCache.create(loaded.cfg, 1, 32))
+          KVCache.create(loaded.cfg, 1, 64))
   return jax.jit(lambda tok, pos, c: loaded.model(tok, pos, c)[0]), args
 
 
@@ -150,9 +152,25 @@ def test_gguf_decoder_with_blocks_gives_the_same_logits_bit_for_bit(quantised_gg
   lowered = fn.lower(*args).as_text()
   assert frm._Q4_1_TARGET in lowered and frm._Q8_0_TARGET in lowered
   for tokens in ([5], [5, 17, 3, 40, 2, 9], list(range(3, 3 + frm.MAX_ROWS)),
-                 list(range(3, 23))):  # 20 rows: the float32 weights through XLA's dot
+                 list(range(3, 3 + frm.MAX_BLOCKS_ROWS + 2))):  # the last: XLA's dot on both
     np.testing.assert_array_equal(_step_logits(with_blocks, tokens),
                                   _step_logits(without, tokens))
+  # between the two limits only the blocks side is the kernel: equal up to summation order
+  tokens = list(range(3, 23))
+  np.testing.assert_allclose(_step_logits(with_blocks, tokens), _step_logits(without, tokens),
+                             rtol=0, atol=1e-4)
+
+
+def test_blocks_rows_get_the_same_bits_whatever_the_other_rows():
+  """Up to MAX_BLOCKS_ROWS: a tree's verification scores each node as a single step would."""
+  raw, w_NxK = _quantised(64, 96, Q.Q4_1, seed=3)
+  w = jnp.asarray(np.ascontiguousarray(w_NxK.T))
+  records = bq.pack_q4_1(raw, 96)
+  x = np.random.default_rng(4).standard_normal((frm.MAX_BLOCKS_ROWS, 96), np.float32)
+  matmul = jax.jit(lambda x: frm.few_rows_matmul(x, w, blocks=records))
+  singles = np.concatenate([np.asarray(matmul(x[i:i + 1])) for i in range(len(x))])
+  for m in (13, 20, frm.MAX_BLOCKS_ROWS):
+    np.testing.assert_array_equal(np.asarray(matmul(x[:m])), singles[:m])
 
 
 def test_weight_blocks_are_cached_and_a_damaged_cache_is_rebuilt(quantised_gguf, monkeypatch):
