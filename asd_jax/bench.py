@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--skip-transformers", action="store_true",
                  help="leave out the transformers reference row")
   p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
+  p.add_argument("--weight-blocks", action=argparse.BooleanOptionalAction, default=True,
+                 help="our rows compute with a GGUF target's Q4_1/Q8_0 blocks (the same weights "
+                 "and results, fewer bytes per step; default) or with its float32 copy only")
   p.add_argument("--llama-cpp", action="store_true",
                  help="add llama.cpp greedy decoding on the same float32 weights (needs the "
                  "optional llama-cpp-python; a GGUF target)")
@@ -241,7 +244,7 @@ def config_dict(args, suites: tuple[str, ...], rows: tuple[str, ...]) -> dict:
           "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens,
           "ignore_eos": args.ignore_eos, "batch_size": args.batch_size,
           "repeats": args.repeats, "skip_transformers": args.skip_transformers,
-          "llama_cpp": args.llama_cpp,
+          "llama_cpp": args.llama_cpp, "weight_blocks": args.weight_blocks,
           "draft": args.draft, "k": args.k, "tree": args.tree,
           "asd_budgets": args.asd_budgets, "calibrate_prompts": args.calibrate_prompts,
           "calibration_source": args.calibration_source,
@@ -270,7 +273,7 @@ def main(argv=None):
   load_at_start = bench_report.load_average()
   tokenizer = load_tokenizer(args.target)
   encoded = [(p.suite, encode_chat(tokenizer, p.text)) for p in prompts]
-  ctx = BenchContext(target=args.target, tokenizer=tokenizer,
+  ctx = BenchContext(target=args.target, tokenizer=tokenizer, weight_blocks=args.weight_blocks,
                      batches=make_batches(encoded, args.batch_size),
                      max_new_tokens=args.max_new_tokens, eos_ids=(), batch_size=args.batch_size,
                      repeats=args.repeats,

@@ -37,6 +37,7 @@ class BenchContext:
   batch_size: int
   repeats: int
   progress: Callable[..., Any] | None = None   # tqdm-like factory(total=, desc=)
+  weight_blocks: bool = True                    # load_decoder(weight_blocks=...)
   # Drafter setups by (draft, k, tree, kind), shared by the rows of one drafter so that they
   # share compiled programs (a budget sweep compiles once) and parameter buffers.
   drafter_setups: dict = dataclasses.field(default_factory=dict)
@@ -46,7 +47,7 @@ class BenchContext:
     """(fns, params, loaded) of the JAX target, loaded once and shared by our runners."""
     from models.load import load_decoder
     from models.lm_fns import decoder_fns
-    loaded = load_decoder(self.target)
+    loaded = load_decoder(self.target, weight_blocks=self.weight_blocks)
     fns, params = decoder_fns(loaded.model, name=self.target)
     return fns, params, loaded
 
