@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens")
   p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                  help="parameter/activation dtype (float32 on CPU, bfloat16 on TPU/GPU)")
+  p.add_argument("--weight-blocks", action=argparse.BooleanOptionalAction, default=True,
+                 help="compute with a GGUF target's Q4_1/Q8_0 blocks on the CPU (the same "
+                 "weights and results at a fifth of the bytes; default) or its float32 copy only")
   p.add_argument("--json", action="store_true", help="print one JSON object")
   p.add_argument("--stream", action="store_true",
                  help="print the answer as it is generated (tokens/s then include the printing)")
@@ -96,7 +99,7 @@ def main(argv=None):
   from models.tokenizer import encode_chat, eos_token_ids, load_tokenizer
 
   t0 = time.perf_counter()
-  loaded = load_decoder(args.target, dtype=args.dtype)
+  loaded = load_decoder(args.target, dtype=args.dtype, weight_blocks=args.weight_blocks)
   tokenizer = load_tokenizer(args.target)
   load_s = time.perf_counter() - t0
   if ids is None:
