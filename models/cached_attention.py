@@ -29,16 +29,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from models.block_attention import (MASKED_SCORE, attention_scores, block_attention, group_queries,
+                                    ungroup)
 from models.kv_cache import write_keys, write_values
 
 SHORT_BLOCK = 32
-_F32 = jnp.float32
-_NEG_INF = -1e30  # finite so fully masked rows (padding) give uniform, not NaN, weights
-
-
-def _scores(q_BxKxGxTxH, keys_BxKxHxS):
-  return jnp.einsum("bkgth,bkhs->bkgts", q_BxKxGxTxH, keys_BxKxHxS,
-                    preferred_element_type=_F32) * (q_BxKxGxTxH.shape[-1] ** -0.5)
 
 
 class BlockMask(NamedTuple):
@@ -82,39 +77,19 @@ def write_then_attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, k_cache_BxKxHxS, v_cache_
   """The long-block order (same arguments and results as cached_attention)."""
   k_cache_BxKxHxS = write_keys(k_cache_BxKxHxS, k_BxTxKxH, slots_BxT)
   v_cache_BxKxSxH = write_values(v_cache_BxKxSxH, v_BxTxKxH, slots_BxT)
-  q_BxKxGxTxH = _group_queries(q_BxTxNxH, k_BxTxKxH.shape[2])
-  scores = jnp.where(mask.visible_BxTxS[:, None, None], _scores(q_BxKxGxTxH, k_cache_BxKxHxS),
-                     _NEG_INF)
+  q_BxKxGxTxH = group_queries(q_BxTxNxH, k_BxTxKxH.shape[2])
+  scores = jnp.where(mask.visible_BxTxS[:, None, None], attention_scores(q_BxKxGxTxH, k_cache_BxKxHxS),
+                     MASKED_SCORE)
   probs = jax.nn.softmax(scores, axis=-1).astype(v_cache_BxKxSxH.dtype)
   out_BxKxGxTxH = jnp.einsum("bkgts,bksh->bkgth", probs, v_cache_BxKxSxH)
-  return _ungroup(out_BxKxGxTxH), k_cache_BxKxHxS, v_cache_BxKxSxH
+  return ungroup(out_BxKxGxTxH), k_cache_BxKxHxS, v_cache_BxKxSxH
 
 
 def attend_then_write(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, k_cache_BxKxHxS, v_cache_BxKxSxH,
                       slots_BxT, mask: BlockMask):
   """The short-block order (same arguments and results as cached_attention; `mask` from
   block_mask of a short block)."""
-  s = v_cache_BxKxSxH.shape[2]
-  q_BxKxGxTxH = _group_queries(q_BxTxNxH, k_BxTxKxH.shape[2])
-  new_keys_BxKxHxT = k_BxTxKxH.astype(k_cache_BxKxHxS.dtype).transpose(0, 2, 3, 1)
-  scores = jnp.concatenate([
-      jnp.where(mask.old_visible_BxTxS[:, None, None], _scores(q_BxKxGxTxH, k_cache_BxKxHxS),
-                _NEG_INF),
-      jnp.where(mask.new_visible_BxTxT[:, None, None], _scores(q_BxKxGxTxH, new_keys_BxKxHxT),
-                _NEG_INF)], axis=-1)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v_cache_BxKxSxH.dtype)
-  new_values_BxKxTxH = v_BxTxKxH.astype(v_cache_BxKxSxH.dtype).transpose(0, 2, 1, 3)
-  out_BxKxGxTxH = (jnp.einsum("bkgts,bksh->bkgth", probs[..., :s], v_cache_BxKxSxH)
-                   + jnp.einsum("bkgts,bksh->bkgth", probs[..., s:], new_values_BxKxTxH))
-  return (_ungroup(out_BxKxGxTxH), write_keys(k_cache_BxKxHxS, k_BxTxKxH, slots_BxT),
+  out_BxTxNH = block_attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, k_cache_BxKxHxS, v_cache_BxKxSxH,
+                               mask.old_visible_BxTxS, mask.new_visible_BxTxT)
+  return (out_BxTxNH, write_keys(k_cache_BxKxHxS, k_BxTxKxH, slots_BxT),
           write_values(v_cache_BxKxSxH, v_BxTxKxH, slots_BxT))
-
-
-def _group_queries(q_BxTxNxH, num_kv_heads: int):
-  b, t, n, h = q_BxTxNxH.shape
-  return q_BxTxNxH.reshape(b, t, num_kv_heads, n // num_kv_heads, h).transpose(0, 2, 3, 1, 4)
-
-
-def _ungroup(out_BxKxGxTxH):
-  b, k, g, t, h = out_BxKxGxTxH.shape
-  return out_BxKxGxTxH.transpose(0, 3, 1, 2, 4).reshape(b, t, k * g * h)

@@ -16,30 +16,21 @@ copy: the same bits from a fifth of the bytes (30 MLP blocks, 1 row: 10.4 -> 2.3
 `few_rows_matmul` is the same for a plain `x @ w` or `x @ w^T` (the LM heads). Both send
 float32 `x[..., K] @ w` with at most `MAX_ROWS` rows to the kernel when the
 computation is lowered for the CPU; anything else, and every other platform, is
-`jax.lax.dot_general` unchanged. The kernel is compiled on first use with the system C++
-compiler for this CPU (`-march=native`) into the asd-jax cache directory
-(`models.registry.cache_root`). Where that is not possible a warning says so once and XLA's dot
+`jax.lax.dot_general` unchanged. The kernel is compiled on first use for this CPU
+(models/native_kernels.py); where that is not possible a warning says so once and XLA's dot
 is used; `ASD_JAX_NATIVE=0` chooses XLA's dot without a warning.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
-import hashlib
-import os
-import pathlib
-import shutil
-import subprocess
-import tempfile
-import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from models.block_quant import Q4_1_COLUMNS, QUANT_BLOCK, Q4_1Records, Q8_0Rows
-from models.registry import cache_root
+from models.native_kernels import TARGETS, native_available  # noqa: F401 (re-exported)
 
 MAX_ROWS = 12
 """Rows up to which the kernel beats XLA's dot (it passes over the weights once per 6 rows)."""
@@ -47,61 +38,9 @@ MAX_ROWS = 12
 MAX_BLOCKS_ROWS = 48
 """The same for the kernel on GGUF blocks, which streams 6x fewer bytes per pass."""
 
-_TARGETS = {False: "asd_few_rows_matmul", True: "asd_few_rows_matmul_transposed"}
-_Q4_1_TARGET = "asd_few_rows_matmul_q4_1"
-_Q8_0_TARGET = "asd_few_rows_matmul_transposed_q8_0"
-_SOURCE = pathlib.Path(__file__).parent / "native" / "few_rows_matmul.cc"
-_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC")
-
-
-def _cpu_flags() -> str:
-  try:
-    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-      if line.startswith("flags"):
-        return line
-  except OSError:
-    pass
-  return ""
-
-
-def _library_path() -> pathlib.Path:
-  """Compiles the kernel once per (source, jaxlib, compiler flags, CPU) and returns the .so."""
-  compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
-  if compiler is None:
-    raise RuntimeError("no C++ compiler found (set CXX)")
-  key = hashlib.sha256("\0".join(
-      [_SOURCE.read_text(), jax.__version__, compiler, *_FLAGS, _cpu_flags()]).encode())
-  path = cache_root() / "native" / f"few_rows_matmul-{key.hexdigest()[:16]}.so"
-  if path.exists():
-    return path
-  path.parent.mkdir(parents=True, exist_ok=True)
-  with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-    built = pathlib.Path(tmp) / path.name
-    proc = subprocess.run([compiler, *_FLAGS, f"-I{jax.ffi.include_dir()}", str(_SOURCE), "-o",
-                           str(built)], capture_output=True, text=True)
-    if proc.returncode != 0:
-      raise RuntimeError(f"{compiler} failed:\n{proc.stderr[-2000:]}")
-    os.replace(built, path)  # atomic: concurrent builders (test workers) never see half a file
-  return path
-
-
-@functools.cache
-def native_available() -> bool:
-  """True once the kernel is compiled, loaded and registered for the CPU platform."""
-  if os.environ.get("ASD_JAX_NATIVE", "1") == "0":
-    return False
-  try:
-    library = ctypes.cdll.LoadLibrary(str(_library_path()))
-    for symbol, target in ((library.AsdFewRowsMatmul, _TARGETS[False]),
-                           (library.AsdFewRowsMatmulTransposed, _TARGETS[True]),
-                           (library.AsdFewRowsMatmulQ4_1, _Q4_1_TARGET),
-                           (library.AsdFewRowsMatmulTransposedQ8_0, _Q8_0_TARGET)):
-      jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(symbol), platform="cpu")
-  except (OSError, RuntimeError, subprocess.SubprocessError) as err:
-    warnings.warn(f"asd_jax: the native few-rows matmul is unavailable, using XLA's dot "
-                  f"({err})", RuntimeWarning, stacklevel=2)
-    return False
-  return True
+_TARGETS = {False: TARGETS["AsdFewRowsMatmul"], True: TARGETS["AsdFewRowsMatmulTransposed"]}
+_Q4_1_TARGET = TARGETS["AsdFewRowsMatmulQ4_1"]
+_Q8_0_TARGET = TARGETS["AsdFewRowsMatmulTransposedQ8_0"]
 
 
 def _xla_matmul(x_MxK, w, transposed: bool):
