@@ -32,7 +32,9 @@ TARGETS = {
     "AsdFewRowsMatmulTransposedQ8_0": "asd_few_rows_matmul_transposed_q8_0",
     "AsdBlockAttention": "asd_block_attention",
 }
-_SOURCES = tuple(sorted((pathlib.Path(__file__).parent / "native").glob("*.cc")))
+_NATIVE_DIR = pathlib.Path(__file__).parent / "native"
+_SOURCES = tuple(sorted(_NATIVE_DIR.glob("*.cc")))
+_HEADERS = tuple(sorted(_NATIVE_DIR.glob("*.h")))
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC")
 
 
@@ -52,7 +54,7 @@ def _library_path() -> pathlib.Path:
   if compiler is None:
     raise RuntimeError("no C++ compiler found (set CXX)")
   key = hashlib.sha256("\0".join(
-      [*(s.read_text() for s in _SOURCES), jax.__version__, compiler, *_FLAGS,
+      [*(s.read_text() for s in _SOURCES + _HEADERS), jax.__version__, compiler, *_FLAGS,
        _cpu_flags()]).encode())
   path = cache_root() / "native" / f"asd_kernels-{key.hexdigest()[:16]}.so"
   if path.exists():

@@ -14,32 +14,25 @@
 // the -1e30 fill of the XLA version gives: never the case in a decode loop.
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <memory>
 #include <vector>
 
+#include "cpu_common.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-#if defined(__AVX512F__)
-constexpr int kLanes = 16;
-#elif defined(__AVX__)
-constexpr int kLanes = 8;
-#else
-constexpr int kLanes = 4;
-#endif
+using asd_native::Ints;
+using asd_native::kLanes;
+using asd_native::Load;
+using asd_native::RunParts;
+using asd_native::Store;
+using asd_native::Vec;
 
-typedef float Vec __attribute__((vector_size(kLanes * sizeof(float)), aligned(4)));
-typedef int32_t Ints __attribute__((vector_size(kLanes * sizeof(int32_t))));
-
-inline Vec Load(const float* p) { return *reinterpret_cast<const Vec*>(p); }
-inline void Store(float* p, Vec v) { *reinterpret_cast<Vec*>(p) = v; }
 inline Vec Splat(float x) { return Vec{} + x; }
 
 // exp(x) for x <= 0 (scores minus their maximum): 2^n * p(r), |r| <= ln2 / 2, a degree-6
@@ -148,26 +141,6 @@ void QueryGroup(const Shapes& d, const float* q, const float* k_cache, const flo
       if (old_vis[i2]) add_value(sc[i2] * inv, values + i2 * H);
     for (int64_t j = 0; j < T; ++j)
       if (new_vis[j]) add_value(sc_new[j] * inv, new_v + ((b * T + j) * K + k) * H);
-  }
-}
-
-// Splits `parts` pieces over the caller and the XLA intra-op pool (as in few_rows_matmul.cc).
-template <typename F>
-void RunParts(ffi::ThreadPool& pool, int parts, F work) {
-  struct State {
-    std::atomic<int> next{0};
-    std::atomic<int> done{0};
-  };
-  auto state = std::make_shared<State>();
-  auto claim = [state, parts, work] {
-    for (int p = state->next.fetch_add(1); p < parts; p = state->next.fetch_add(1)) {
-      work(p);
-      state->done.fetch_add(1, std::memory_order_release);
-    }
-  };
-  for (int t = 1; t < parts; ++t) pool.Schedule([claim] { claim(); });
-  claim();
-  while (state->done.load(std::memory_order_acquire) < parts) {
   }
 }
 

@@ -28,28 +28,27 @@
 // AVX-512, AVX2 or SSE.
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
-#include <memory>
 #include <type_traits>
 #include <vector>
 
 #include <immintrin.h>
 
+#include "cpu_common.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-#if defined(__AVX512F__)
-constexpr int kLanes = 16;
-#elif defined(__AVX__)
-constexpr int kLanes = 8;
-#else
-constexpr int kLanes = 4;
-#endif
+using asd_native::Ints;
+using asd_native::kLanes;
+using asd_native::Load;
+using asd_native::RunParts;
+using asd_native::Store;
+using asd_native::Vec;
+
 constexpr int kVecs = 4;                       // vectors per column tile
 constexpr int kTile = kLanes * kVecs;          // columns per tile
 constexpr int kRowsInRegisters = 6;            // x-rows whose accumulators fit at once
@@ -58,13 +57,6 @@ constexpr int kRowBlock = 8;                   // w rows per register pass over 
 // its float32 copy are split identically and give the same bits.
 constexpr int kQuantBlock = 32;
 
-typedef float Vec __attribute__((vector_size(kLanes * sizeof(float)), aligned(4)));
-
-typedef int32_t Ints __attribute__((vector_size(kLanes * sizeof(int32_t))));
-
-// aligned(4): unaligned vector loads and stores through the pointer.
-inline Vec Load(const float* p) { return *reinterpret_cast<const Vec*>(p); }
-inline void Store(float* p, Vec v) { *reinterpret_cast<Vec*>(p) = v; }
 
 // kLanes bytes or fp16 values widened to a vector. GCC 12 scalarises __builtin_convertvector
 // from narrow element types (a move and an insert per lane), so the widening instructions are
@@ -284,7 +276,7 @@ inline float LaneSum(Vec v) {
 struct Float32Rows {
   const float* w;
   int64_t K;
-  Vec Load(int64_t n, int64_t k) const { return ::Load(w + n * K + k); }
+  Vec Load(int64_t n, int64_t k) const { return asd_native::Load(w + n * K + k); }
   float At(int64_t n, int64_t k) const { return w[n * K + k]; }
   // One line of the row kLanes ahead per call (a line is 16 floats).
   void Prefetch(int64_t n, int64_t k) const { __builtin_prefetch(w + n * K + k); }
@@ -357,31 +349,6 @@ void RowDots(int64_t M, int64_t K, int64_t N, const float* x, const Rows& w, flo
   });
 }
 
-// Splits `parts` pieces of work over the calling thread and the XLA intra-op pool. Threads
-// claim pieces from a counter, so the caller never waits for a task the pool has not started
-// (no deadlock when every pool thread is busy); a task that starts late finds nothing to do.
-struct Parallel {
-  int parts;
-  std::atomic<int> next{0};
-  std::atomic<int> done{0};
-
-  template <typename F>
-  static void Run(ffi::ThreadPool& pool, int parts, F work) {
-    auto state = std::make_shared<Parallel>();
-    state->parts = parts;
-    auto claim = [state, work] {
-      for (int p = state->next.fetch_add(1); p < state->parts; p = state->next.fetch_add(1)) {
-        work(p);
-        state->done.fetch_add(1, std::memory_order_release);
-      }
-    };
-    for (int t = 1; t < parts; ++t) pool.Schedule([claim] { claim(); });
-    claim();
-    while (state->done.load(std::memory_order_acquire) < parts) {
-    }
-  }
-};
-
 // Below this many weights a second thread costs more than it saves.
 constexpr int64_t kMinWeightsPerThread = 1 << 16;
 
@@ -411,7 +378,7 @@ void OverKParts(ffi::ThreadPool& pool, int64_t M, int64_t K, int64_t N, float* y
   const KSplit split(pool, K, N);
   std::memset(y, 0, sizeof(float) * M * N);
   std::vector<float> scratch((split.parts - 1) * M * N, 0.0f);
-  Parallel::Run(pool, split.parts, [&](int p) {
+  RunParts(pool, split.parts, [&](int p) {
     float* out = p == 0 ? y : scratch.data() + (p - 1) * M * N;
     part(out, split.Begin(p), split.Begin(p + 1));
   });
@@ -463,7 +430,7 @@ template <typename Rows>
 void TransposedOverNParts(ffi::ThreadPool& pool, int64_t M, int64_t K, int64_t N,
                           const float* x, const Rows& w, float* y) {
   const int parts = Parts(pool, K * N, N);
-  Parallel::Run(pool, parts, [&](int p) {
+  RunParts(pool, parts, [&](int p) {
     RowDots(M, K, N, x, w, y, N * p / parts, N * (p + 1) / parts);
   });
 }
