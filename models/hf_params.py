@@ -13,7 +13,7 @@ import flax.nnx as nnx
 import jax.numpy as jnp
 import numpy as np
 
-from models.block_quant import pack_q4_1, pack_q8_0
+from models.block_quant import Q4_1_COLUMNS, pack_q4_1, pack_q8_0
 from models.config import ModelConfig
 from models.errors import CheckpointError
 from models.llama import Decoder, WeightBlocks
@@ -123,7 +123,7 @@ def attach_weight_blocks(model: Decoder, blocks: Mapping[str, tuple[str, np.ndar
         records = pack_q4_1(rows, k)
       except ValueError:
         continue  # e.g. N not a multiple of 32: the float32 kernel path serves it
-      if records.records.shape[1] * 32 != n:
+      if records.records.shape[1] * Q4_1_COLUMNS != n:
         raise CheckpointError(f"{hf_name!r}: Q4_1 blocks for {rows.shape[0]} rows, "
                               f"the parameter has {n}")
       _resolve(model, path.rsplit(".", 1)[0]).q4_1 = WeightBlocks(jnp.asarray(records.records))
