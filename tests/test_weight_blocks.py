@@ -200,3 +200,23 @@ def test_no_blocks_for_bfloat16_or_without_the_native_kernel(quantised_gguf, mon
   import models.load
   monkeypatch.setattr(models.load, "native_available", lambda: False)
   assert load_decoder(quantised_gguf).model.head_q8_0_q is None
+
+
+@pytest.mark.parametrize("weight_blocks", [True, False])
+def test_a_verification_block_scores_each_token_as_single_steps_do(quantised_gguf, weight_blocks):
+  """Row-invariant matmuls and attention: verifying K tokens at once gives each token the
+  bits that K single decode steps give it, so strict verification is plain decoding exactly."""
+  loaded = load_decoder(quantised_gguf, weight_blocks=weight_blocks)
+  step = jax.jit(lambda tok, pos, c: loaded.model(tok, pos, c))
+  prompt, block = list(range(5, 25)), [7, 3, 90, 41, 12, 66]
+  cache = KVCache.create(loaded.cfg, 1, 64)
+  _, _, cache = step(jnp.asarray([prompt], jnp.int32), jnp.arange(20, dtype=jnp.int32)[None],
+                     cache)
+  together, _, _ = step(jnp.asarray([block], jnp.int32),
+                        jnp.arange(20, 26, dtype=jnp.int32)[None], cache)
+  singles = []
+  for j, token in enumerate(block):
+    logits, _, cache = step(jnp.asarray([[token]], jnp.int32),
+                            jnp.asarray([[20 + j]], jnp.int32), cache)
+    singles.append(np.asarray(logits)[0, 0])
+  np.testing.assert_array_equal(np.asarray(together)[0], np.stack(singles))

@@ -64,8 +64,8 @@ struct Shapes {
 // reads. scores has room for G x (S_pad + T) floats, S_pad = S rounded up to whole vectors.
 void QueryGroup(const Shapes& d, const float* q, const float* k_cache, const float* v_cache,
                 const float* new_k, const float* new_v, const bool* old_visible,
-                const bool* new_visible, float* out, float* scores, int64_t b, int64_t k,
-                int64_t t, float scale) {
+                const bool* new_visible, float* out, float* scores, const float* keys_t,
+                int64_t t_pad, int64_t b, int64_t k, int64_t t, float scale) {
   const int64_t S = d.S, T = d.T, H = d.H, G = d.G, K = d.K;
   const bool* old_vis = old_visible + (b * T + t) * S;
   const bool* new_vis = new_visible + (b * T + t) * T;
@@ -93,11 +93,14 @@ void QueryGroup(const Shapes& d, const float* q, const float* k_cache, const flo
       for (int64_t h = 0; h < H; ++h) acc += qg[h] * keys[h * S + s];
       sc[s] = acc * scale;
     }
-    for (int64_t j = 0; j < T; ++j) {
-      const float* kj = new_k + ((b * T + j) * K + k) * H;
-      float acc = 0.0f;
-      for (int64_t h = 0; h < H; ++h) acc += qg[h] * kj[h];
-      sc_new[j] = acc * scale;
+    // The block's own keys, with the same lane-wise arithmetic as the cache's (keys_t holds
+    // them [H, T_pad] like the cache's [H, S]): a key scores the same bits whether a query
+    // meets it in its block or, after a single step wrote it, in the cache.
+    for (int64_t j = 0; j < T; j += kLanes) {
+      Vec acc{};
+      for (int64_t h = 0; h < H; ++h) acc += qg[h] * Load(keys_t + h * t_pad + j);
+      const Vec scaled = acc * scale;
+      for (int64_t i = 0; i < kLanes && j + i < T; ++i) sc_new[j + i] = scaled[i];
     }
     // Softmax over the visible entries only.
     float m = -INFINITY;
@@ -181,10 +184,20 @@ ffi::Error BlockAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
   float* op = out->typed_data();
   RunParts(pool, parts, [&](int p) {
     const int64_t s_pad = (d.S + kLanes - 1) / kLanes * kLanes;
+    const int64_t t_pad = (d.T + kLanes - 1) / kLanes * kLanes;
     std::vector<float> scores(d.G * (s_pad + d.T));
+    std::vector<float> keys_t(d.H * t_pad, 0.0f);   // the block's keys of (b, k), [H, T_pad]
+    int64_t keys_of = -1;
     for (int64_t u = units * p / parts; u < units * (p + 1) / parts; ++u) {
       const int64_t t = u % d.T, k = u / d.T % d.K, b = u / (d.T * d.K);
-      QueryGroup(d, qp, kp, vp, nkp, nvp, ovp, nvisp, op, scores.data(), b, k, t, scale);
+      if (keys_of != b * d.K + k) {
+        keys_of = b * d.K + k;
+        for (int64_t j = 0; j < d.T; ++j)
+          for (int64_t h = 0; h < d.H; ++h)
+            keys_t[h * t_pad + j] = nkp[((b * d.T + j) * d.K + k) * d.H + h];
+      }
+      QueryGroup(d, qp, kp, vp, nkp, nvp, ovp, nvisp, op, scores.data(), keys_t.data(), t_pad,
+                 b, k, t, scale);
     }
   });
   return ffi::Error::Success();
