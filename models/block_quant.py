@@ -30,8 +30,6 @@ QUANT_BLOCK = 32
 Q4_1_COLUMNS = 32
 """Columns of w[K, N] per Q4_1 record."""
 
-Q4_1_RECORD_BYTES = 2 * Q4_1_COLUMNS * 2 + QUANT_BLOCK // 2 * Q4_1_COLUMNS  # 640
-
 _Q4_1_BLOCK_BYTES = 2 + 2 + QUANT_BLOCK // 2   # fp16 d, fp16 m, 16 bytes of nibbles
 _Q8_0_BLOCK_BYTES = 2 + QUANT_BLOCK            # fp16 d, 32 int8
 
@@ -55,11 +53,16 @@ def _blocks(raw_NxB: np.ndarray, k: int, block_bytes: int, kind: str) -> np.ndar
   return np.ascontiguousarray(raw_NxB, np.uint8).reshape(n, k // QUANT_BLOCK, block_bytes)
 
 
+def _fp16_field(blocks_NxKBxB: np.ndarray, offset: int) -> np.ndarray:
+  """The fp16 value at byte `offset` of every block, as float32 [N, K/32] (exact)."""
+  return (blocks_NxKBxB[:, :, offset:offset + 2].copy().view(np.float16)[..., 0]
+          .astype(np.float32))
+
+
 def q4_1_weights(raw_NxB: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """Decodes GGUF Q4_1 rows into (d f32[N, K/32], m f32[N, K/32], q uint8[N, K] in 0..15)."""
   blocks = _blocks(raw_NxB, k, _Q4_1_BLOCK_BYTES, "Q4_1")
-  d = blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-  m = blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+  d, m = _fp16_field(blocks, 0), _fp16_field(blocks, 2)
   nibbles = blocks[:, :, 4:]
   # ggml's order: byte j holds element j (low nibble) and element j + 16 (high nibble).
   q = np.concatenate([nibbles & 15, nibbles >> 4], axis=-1).reshape(raw_NxB.shape[0], k)
@@ -92,6 +95,6 @@ def pack_q4_1(raw_NxB: np.ndarray, k: int) -> Q4_1Records:
 def pack_q8_0(raw_NxB: np.ndarray, k: int) -> Q8_0Rows:
   """GGUF Q8_0 rows of E[N, K] -> the kernel's (q int8[N, K], d float32[N, K / 32])."""
   blocks = _blocks(raw_NxB, k, _Q8_0_BLOCK_BYTES, "Q8_0")
-  d = blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+  d = _fp16_field(blocks, 0)
   q = np.ascontiguousarray(blocks[:, :, 2:]).view(np.int8).reshape(raw_NxB.shape[0], k)
   return Q8_0Rows(q=q, d=np.ascontiguousarray(d))

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from models.block_quant import Q4_1_COLUMNS, QUANT_BLOCK, Q4_1Records, Q8_0Rows
-from models.native_kernels import TARGETS, native_available  # noqa: F401 (re-exported)
+from models.native_kernels import TARGETS, native_available
 
 MAX_ROWS = 12
 """Rows up to which the kernel beats XLA's dot (it passes over the weights once per 6 rows)."""
@@ -119,22 +119,20 @@ def few_rows_dot_general(lhs, rhs, dimension_numbers, precision=None,
   """
   (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
   rows = int(np.prod(lhs.shape[:-1]))
+  transposed = tuple(rhs_contract) == (1,)
   if (tuple(lhs_contract) == (lhs.ndim - 1,) and tuple(rhs_contract) in ((0,), (1,))
-      and not lhs_batch and not rhs_batch and rhs.ndim == 2
-      and 1 <= rows <= (MAX_ROWS if blocks is None else MAX_BLOCKS_ROWS)
+      and not lhs_batch and not rhs_batch and rhs.ndim == 2 and rows >= 1
       and lhs.dtype == jnp.float32 and rhs.dtype == jnp.float32
       and preferred_element_type in (None, jnp.float32) and not kwargs.get("out_sharding")
       and native_available()):
-    transposed = tuple(rhs_contract) == (1,)
     x_MxK = lhs.reshape(rows, lhs.shape[-1])
-    if blocks is not None and _blocks_match(blocks, rhs, transposed):
+    y_MxN = None
+    if blocks is not None and rows <= MAX_BLOCKS_ROWS and _blocks_match(blocks, rhs, transposed):
       y_MxN = _blocks_matmul_2d(x_MxK, rhs, transposed, blocks)
     elif rows <= MAX_ROWS:
       y_MxN = _matmul_2d(x_MxK, rhs, transposed)
-    else:
-      return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
-                                 preferred_element_type=preferred_element_type, **kwargs)
-    return y_MxN.reshape(*lhs.shape[:-1], y_MxN.shape[1])
+    if y_MxN is not None:
+      return y_MxN.reshape(*lhs.shape[:-1], y_MxN.shape[1])
   return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                              preferred_element_type=preferred_element_type, **kwargs)
 

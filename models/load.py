@@ -7,9 +7,9 @@ import os
 from typing import Any
 
 from models.config import ModelConfig
-from models.few_rows_matmul import native_available
 from models.hf_params import attach_weight_blocks, decoder_from_hf_tensors
 from models.llama import Decoder
+from models.native_kernels import native_available
 from models.registry import load_checkpoint, load_weight_blocks, resolve_checkpoint
 
 DEFAULT_TARGET = "smollm2-135m"

@@ -29,6 +29,7 @@ namespace {
 using asd_native::Ints;
 using asd_native::kLanes;
 using asd_native::Load;
+using asd_native::Parts;
 using asd_native::RunParts;
 using asd_native::Store;
 using asd_native::Vec;
@@ -61,7 +62,7 @@ struct Shapes {
 };
 
 // One (row b, kv head k, query t): all G query heads of the group share the key and value
-// reads. scores has room for G x (S_pad + T) floats, S_pad = S rounded up to whole vectors.
+// reads. scores has room for G x (S_pad + T_pad) floats, S and T rounded up to whole vectors.
 void QueryGroup(const Shapes& d, const float* q, const float* k_cache, const float* v_cache,
                 const float* new_k, const float* new_v, const bool* old_visible,
                 const bool* new_visible, float* out, float* scores, const float* keys_t,
@@ -76,7 +77,7 @@ void QueryGroup(const Shapes& d, const float* q, const float* k_cache, const flo
   const float* keys = k_cache + (b * K + k) * H * S;      // [H, S]
   const float* values = v_cache + (b * K + k) * S * H;    // [S, H]
   // q for query head (k, g) at token t: q[b, t, k * G + g, :]
-  const int64_t stride = s_pad + T;
+  const int64_t stride = s_pad + t_pad;
   for (int64_t g = 0; g < G; ++g) {
     const float* qg = q + ((b * T + t) * K * G + k * G + g) * H;
     float* sc = scores + g * stride;       // old slots in [0, s_pad), the block's after
@@ -99,8 +100,7 @@ void QueryGroup(const Shapes& d, const float* q, const float* k_cache, const flo
     for (int64_t j = 0; j < T; j += kLanes) {
       Vec acc{};
       for (int64_t h = 0; h < H; ++h) acc += qg[h] * Load(keys_t + h * t_pad + j);
-      const Vec scaled = acc * scale;
-      for (int64_t i = 0; i < kLanes && j + i < T; ++i) sc_new[j + i] = scaled[i];
+      Store(sc_new + j, acc * scale);
     }
     // Softmax over the visible entries only.
     float m = -INFINITY;
@@ -118,15 +118,12 @@ void QueryGroup(const Shapes& d, const float* q, const float* k_cache, const flo
       }
       continue;
     }
-    // One exp for every entry (whole vectors; entries past s_end are never used).
+    // One exp for every entry (whole vectors; entries past s_end and T are never used).
     for (int64_t i = 0; i < s_tiles; i += kLanes) Store(sc + i, ExpNonPositive(Load(sc + i) - m));
-    for (int64_t j = 0; j < T; ++j) {
-      float e[kLanes] = {};
-      e[0] = sc_new[j] - m;
-      Vec v;
-      std::memcpy(&v, e, sizeof(v));
-      sc_new[j] = new_vis[j] ? ExpNonPositive(v)[0] : 0.0f;
-    }
+    for (int64_t j = 0; j < T; j += kLanes)
+      Store(sc_new + j, ExpNonPositive(Load(sc_new + j) - m));
+    for (int64_t j = 0; j < T; ++j)
+      if (!new_vis[j]) sc_new[j] = 0.0f;
     float sum = 0.0f;
     for (int64_t i2 = 0; i2 < s_end; ++i2) sum += old_vis[i2] ? sc[i2] : 0.0f;
     for (int64_t j = 0; j < T; ++j) sum += sc_new[j];
@@ -172,8 +169,7 @@ ffi::Error BlockAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
   const int64_t units = d.B * d.K * d.T;
   // One unit (b, k, t) reads the group's keys and values up to its last visible slot.
   const int64_t work = units * d.G * d.S * d.H;
-  const int parts = static_cast<int>(std::min<int64_t>(
-      {std::max<int64_t>(1, pool.num_threads()), units, std::max<int64_t>(1, work >> 16)}));
+  const int parts = Parts(pool, work, units);
   const float* qp = q.typed_data();
   const float* kp = k_cache.typed_data();
   const float* vp = v_cache.typed_data();
@@ -185,7 +181,7 @@ ffi::Error BlockAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
   RunParts(pool, parts, [&](int p) {
     const int64_t s_pad = (d.S + kLanes - 1) / kLanes * kLanes;
     const int64_t t_pad = (d.T + kLanes - 1) / kLanes * kLanes;
-    std::vector<float> scores(d.G * (s_pad + d.T));
+    std::vector<float> scores(d.G * (s_pad + t_pad));
     std::vector<float> keys_t(d.H * t_pad, 0.0f);   // the block's keys of (b, k), [H, T_pad]
     int64_t keys_of = -1;
     for (int64_t u = units * p / parts; u < units * (p + 1) / parts; ++u) {

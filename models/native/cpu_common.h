@@ -3,6 +3,7 @@
 #ifndef ASD_JAX_NATIVE_CPU_COMMON_H_
 #define ASD_JAX_NATIVE_CPU_COMMON_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -27,6 +28,18 @@ typedef int32_t Ints __attribute__((vector_size(kLanes * sizeof(int32_t))));
 // aligned(4): unaligned vector loads and stores through the pointer.
 inline Vec Load(const float* p) { return *reinterpret_cast<const Vec*>(p); }
 inline void Store(float* p, Vec v) { *reinterpret_cast<Vec*>(p) = v; }
+
+// Below this much work (weights read, or multiply-adds) a second thread costs more than it
+// saves.
+constexpr int64_t kMinWorkPerThread = 1 << 16;
+
+// How many parts to split `work` into: at most one per pool thread and `max_parts`, and none
+// smaller than kMinWorkPerThread.
+inline int Parts(xla::ffi::ThreadPool& pool, int64_t work, int64_t max_parts) {
+  return static_cast<int>(std::min<int64_t>(
+      {std::max<int64_t>(1, pool.num_threads()), std::max<int64_t>(1, work / kMinWorkPerThread),
+       std::max<int64_t>(1, max_parts)}));
+}
 
 // Runs work(p) for p in [0, parts) on the calling thread and the XLA intra-op pool. Threads
 // claim pieces from a counter, so the caller never waits for a task the pool has not started

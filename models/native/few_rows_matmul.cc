@@ -45,6 +45,7 @@ namespace {
 using asd_native::Ints;
 using asd_native::kLanes;
 using asd_native::Load;
+using asd_native::Parts;
 using asd_native::RunParts;
 using asd_native::Store;
 using asd_native::Vec;
@@ -347,15 +348,6 @@ void RowDots(int64_t M, int64_t K, int64_t N, const float* x, const Rows& w, flo
   ForRowGroups(M, K, N, x, y, [&](const float* xm, float* ym, auto rows) {
     RowDotsRange<decltype(rows)::value>(K, N, xm, w, ym, n0, n1);
   });
-}
-
-// Below this many weights a second thread costs more than it saves.
-constexpr int64_t kMinWeightsPerThread = 1 << 16;
-
-int Parts(ffi::ThreadPool& pool, int64_t weights, int64_t max_parts) {
-  return static_cast<int>(std::min<int64_t>(
-      {std::max<int64_t>(1, pool.num_threads()),
-       std::max<int64_t>(1, weights / kMinWeightsPerThread), std::max<int64_t>(1, max_parts)}));
 }
 
 // K split into `parts` contiguous ranges on kQuantBlock multiples, independent of M (row
