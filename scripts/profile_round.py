@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # scripts.* when run as a file
+
 
 def _median_ms(fn, args, reps):
   import jax
@@ -39,8 +41,8 @@ def loop_ms(fns, params, n: int, reps: int) -> dict[str, tuple[float, float]]:
   import jax.numpy as jnp
   import numpy as np
 
-  from asd_jax.drafter_api import ChainDrafter
   from asd_jax.ngram_drafter import ngram_drafter
+  from scripts.decode_loop_timing import token0_drafter
   from asd_jax.plain_decode import plain_decode
   from asd_jax.spec_decode import asd_decode
 
@@ -53,12 +55,8 @@ def loop_ms(fns, params, n: int, reps: int) -> dict[str, tuple[float, float]]:
   def zeros_drafter(verify: bool):
     """Always proposes token 0; with verify=False it reports no draft, so every round is a
     skipped (plain) step inside the chain engine's lax.cond."""
-    def propose(params, state, recent_Bx2, positions_Bx2, key, sampling):
-      return jnp.zeros((recent_Bx2.shape[0], k), jnp.int32), None, state
-    return ChainDrafter(prefill=lambda *a: jnp.zeros((), jnp.int32), propose=propose,
-                        num_draft=k, vocab_size=fns.vocab_size, name=f"zeros{verify}",
-                        draft_length=None if verify else (
-                            lambda state: jnp.zeros((prompt.shape[0],), jnp.int32)))
+    return token0_drafter(k, fns.vocab_size, name=f"zeros{verify}", draft_length=None if verify
+                          else (lambda state: jnp.zeros((prompt.shape[0],), jnp.int32)))
 
   def plain():
     out = plain_decode(fns, params, prompt, lengths, max_new_tokens=n)

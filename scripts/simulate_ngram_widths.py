@@ -27,12 +27,13 @@ import collections
 import dataclasses
 import functools
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # scripts.* when run as a file
 
 
 def own_lookup(hist, max_n, min_n):
@@ -163,36 +164,9 @@ def decode_answers(target, suites, num_prompts, max_new_tokens, batch):
 
 def loop_cost(target, max_k, n=96, reps=3):
   """{width: ms per round / ms per plain step} in the real loops (width 0: a plain step)."""
-  import jax
-  import jax.numpy as jnp
-  from asd_jax.drafter_api import ChainDrafter
-  from asd_jax.plain_decode import plain_decode
-  from asd_jax.spec_decode import asd_decode
+  from scripts.decode_loop_timing import loop_runs, time_interleaved
   fns, params, _, _ = load_target(target)
-
-  def zeros(k):
-    propose = lambda p, s, recent, pos, key, sampling: (
-        jnp.zeros((recent.shape[0], k), jnp.int32), None, s)
-    return ChainDrafter(prefill=lambda *a: jnp.zeros((), jnp.int32), propose=propose,
-                        num_draft=k, vocab_size=fns.vocab_size, name=f"zeros{k}")
-
-  prompt = np.zeros((1, 192), np.int32)
-  prompt[0, :180] = np.random.RandomState(0).randint(100, 5000, 180)
-  lengths = np.array([180], np.int32)
-  runs = {0: lambda: plain_decode(fns, params, prompt, lengths, max_new_tokens=n,
-                                  capacity=448).tokens_BxN}
-  for k in range(1, max_k + 1):
-    runs[k] = lambda d=zeros(k): asd_decode(fns, params, d, None, prompt, lengths,
-                                            max_new_tokens=n, capacity=448).tokens_BxN
-  for run in runs.values():
-    jax.block_until_ready(run())  # compile
-  times = {k: [] for k in runs}
-  for _ in range(reps):  # interleaved, so a load change hits every width alike
-    for k, run in runs.items():
-      t = time.perf_counter()
-      jax.block_until_ready(run())
-      times[k].append(time.perf_counter() - t)
-  med = {k: statistics.median(v) for k, v in times.items()}
+  _, med = time_interleaved(loop_runs(fns, params, range(1, max_k + 1), new_tokens=n), reps)
   return {k: v / med[0] for k, v in med.items()}
 
 

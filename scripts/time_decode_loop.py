@@ -14,27 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
-
-import jax
-import jax.numpy as jnp
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from asd_jax.drafter_api import ChainDrafter  # noqa: E402
-from asd_jax.plain_decode import plain_decode  # noqa: E402
-from asd_jax.spec_decode import asd_decode  # noqa: E402
 from models.lm_fns import decoder_fns  # noqa: E402
 from models.load import load_decoder  # noqa: E402
-
-
-def zeros_drafter(k: int, vocab_size: int) -> ChainDrafter:
-  def propose(params, state, recent_Bx2, positions_Bx2, key, sampling):
-    return jnp.zeros((recent_Bx2.shape[0], k), jnp.int32), None, state
-  return ChainDrafter(prefill=lambda *a: jnp.zeros((), jnp.int32), propose=propose, num_draft=k,
-                      vocab_size=vocab_size, name=f"zeros{k}")
+from scripts.decode_loop_timing import loop_runs, time_interleaved  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -45,34 +30,19 @@ def main(argv=None) -> int:
   p.add_argument("--passes", type=int, default=5)
   p.add_argument("--json", default="")
   args = p.parse_args(argv)
-  rng = np.random.RandomState(0)
-  prompt = np.zeros((1, 192), np.int32)
-  prompt[0, :180] = rng.randint(100, 5000, 180)
-  lengths = np.array([180], np.int32)
-  n, capacity = args.new_tokens, 448
+  n = args.new_tokens
   runs = {}
   for label, blocks in (("float32", False), ("blocks", True)):
     fns, params = decoder_fns(load_decoder(args.target, weight_blocks=blocks).model)
-    drafter = zeros_drafter(args.k, fns.vocab_size)
-    runs[f"{label} plain step"] = (
-        lambda fns=fns, params=params: plain_decode(
-            fns, params, prompt, lengths, max_new_tokens=n, capacity=capacity).tokens_BxN)
-    runs[f"{label} K={args.k} round"] = (
-        lambda fns=fns, params=params, drafter=drafter: asd_decode(
-            fns, params, drafter, None, prompt, lengths, max_new_tokens=n,
-            capacity=capacity).tokens_BxN)
-  outputs = {name: np.asarray(run()) for name, run in runs.items()}  # also compiles
+    loop = loop_runs(fns, params, (args.k,), new_tokens=n)
+    runs[f"{label} plain step"] = loop[0]
+    runs[f"{label} K={args.k} round"] = loop[args.k]
+  outputs, seconds = time_interleaved(runs, args.passes)
   reference = outputs["float32 plain step"]
   if not all((out == reference).all() for out in outputs.values()):
     print("outputs differ between configurations")
     return 1
-  times = {name: [] for name in runs}
-  for _ in range(args.passes):
-    for name, run in runs.items():
-      start = time.perf_counter()
-      jax.block_until_ready(run())
-      times[name].append((time.perf_counter() - start) / n * 1e3)
-  ms = {name: statistics.median(t) for name, t in times.items()}
+  ms = {name: value / n * 1e3 for name, value in seconds.items()}
   print(f"{'configuration':24} {'ms per token':>12} {'vs float32 plain':>17}")
   for name, value in ms.items():
     print(f"{name:24} {value:12.2f} {value / ms['float32 plain step']:16.2f}x")
