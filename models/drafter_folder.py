@@ -24,7 +24,7 @@ from models.config import ModelConfig, rope_scaling_to_hf
 from models.errors import CheckpointError, UnknownModelError
 from models.hf_folder import MANIFEST_FILE, load_hf_folder, replace_hf_folder
 from models.hf_params import decoder_from_hf_tensors, decoder_to_hf_tensors
-from models.llama import Decoder
+from models.llama import Decoder, WeightBlocks
 
 SHARED_EMBEDDING_KEY = "asd_jax_shared_embedding"
 EMBEDDING_TENSOR = "model.embed_tokens.weight"
@@ -109,7 +109,27 @@ def load_standalone_drafter(path: str | os.PathLike, target=None,
   model = decoder_from_hf_tensors(cfg, tensors, source=str(folder))
   if embedding is not None:
     model.embed.embedding.set_value(jnp.asarray(embedding, jnp.dtype(dtype)))
+    _share_head_blocks(model, target)
   return model
+
+
+def _share_head_blocks(drafter: Decoder, target) -> None:
+  """Gives a drafter that shares the target's tied embedding the target's Q8_0 head blocks too.
+
+  The blocks hold exactly the numbers of the float32 embedding (models/block_quant.py), so the
+  drafter's logits keep their bits while its head, the larger part of a small drafter's step,
+  reads a quarter of the bytes. Nothing is shared when either side computes in another dtype,
+  unties its head, or the target has no blocks.
+  """
+  source = getattr(target, "model", target)
+  if not isinstance(source, Decoder) or source.head_q8_0_q is None:
+    return
+  if not (drafter.cfg.tie_embeddings and source.cfg.tie_embeddings):
+    return
+  if jnp.dtype(drafter.cfg.dtype) != jnp.float32:
+    return
+  drafter.head_q8_0_q = WeightBlocks(source.head_q8_0_q[...])
+  drafter.head_q8_0_d = WeightBlocks(source.head_q8_0_d[...])
 
 
 def hf_config_of(cfg: ModelConfig) -> dict[str, Any]:

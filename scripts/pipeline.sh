@@ -12,13 +12,14 @@
 #   medusa      train Medusa heads
 #   standalone  distil the 2-layer standalone drafter
 #   tau         real-decoding tau of the baseline vs the VSD drafter (strict tree 4,4,16)
-#   bench       the benchmark suite (scripts/run_suite.sh, SIZE=small unless set)
+#   bench       the benchmark suite (scripts/run_suite.sh, SIZE=cpu unless set) with the
+#               n-gram store and the pipeline's standalone and EAGLE-3 drafters
 #   sampled     (not in `all`) baseline vs VSD on answers the target sampled at T=1
 #               (preset smollm2_eagle3_sampled: data, both trainings, real-decoding tau)
 #
 # Drafters are exported to $DRAFTERS (default out/pipeline/drafters); DRAFTERS=drafters
 # replaces the shipped ones. Wall times on a 2-core CPU: data ~9 min, eagle3 ~19 min, vsd ~25
-# min, medusa ~8 min, standalone ~19 min, tau ~10 min, bench (small) ~20 min.
+# min, medusa ~8 min, standalone ~19 min, tau ~10 min, bench (cpu) ~45 min.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PY:-.venv/bin/python}"
@@ -43,7 +44,8 @@ stage() {
     tau)        "$PY" scripts/drafter_tau.py --tree 4,4,16 --num-prompts 10 --max-new-tokens 128 \
                   --draft "$DRAFTERS/smollm2-135m-eagle3,$DRAFTERS/smollm2-135m-eagle3-vsd" \
                   --json "$RUNS/drafter_tau.json" ;;
-    bench)      DRAFTS="${DRAFTS:-$DRAFTERS/smollm2-135m-standalone}" scripts/run_suite.sh ;;
+    bench)      DRAFTS="${DRAFTS:-ngram+store@5,$DRAFTERS/smollm2-135m-standalone@2,$DRAFTERS/smollm2-135m-eagle3@3}" \
+                  scripts/run_suite.sh ;;
     sampled)    "$PY" -m vsd_jax.build_dataset --config=smollm2_eagle3_sampled
                 for obj in baseline vsd; do
                   "${TRAIN[@]}" --config=smollm2_eagle3_sampled --objective=$obj \

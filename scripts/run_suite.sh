@@ -1,27 +1,36 @@
 #!/usr/bin/env bash
 # The benchmark suite behind the README's suite table and plots (docs/bench/*.png).
 #
-#   scripts/run_suite.sh            # the small CPU run in the README (see ARGS below)
+#   scripts/run_suite.sh            # the CPU run in the README (see ARGS below; ~45 min, 2 cores)
 #   SIZE=full scripts/run_suite.sh  # issue #8's full workload: 80 MT-Bench + 164 HumanEval
 #                                   # prompts, 256 new tokens (hours on a CPU; use an accelerator)
 #
 # Writes out/suite_${SIZE}.json (rows, calibration, protocol raw passes), the printed table in
-# out/suite_${SIZE}.txt, and the plots into docs/bench/ (small) or out/plots_full/ (full).
+# out/suite_${SIZE}.txt, and the plots into docs/bench/ (cpu) or out/plots_full/ (full).
+# The llama.cpp row is added when the optional llama-cpp-python is installed
+# (.venv/bin/pip install -e '.[llamacpp]', ~9 min to build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-SIZE=${SIZE:-small}
+SIZE=${SIZE:-cpu}
+# The first drafter gets the calibrated preset and the budget sweep; the standalone drafter also
+# serves transformers' assisted generation. @K is each drafter's chain length.
+DRAFTS=${DRAFTS:-ngram+store@5,smollm2-135m-standalone@2,smollm2-135m-eagle3@3}
 if [[ $SIZE == full ]]; then
-  DRAFTS=${DRAFTS:-smollm2-135m-standalone,smollm2-135m-eagle3}
   ARGS=(--num-prompts 164 --max-new-tokens 256 --quality-max-new-tokens 512
         --asd-budgets 0,1,2,4,8 --calibrate-prompts 16 --calibration-source training)
   PLOTS=out/plots_full
-else
-  # Sized for a 2-core CPU shared with other jobs (about 20 minutes).
-  DRAFTS=${DRAFTS:-smollm2-135m-standalone}
-  ARGS=(--num-prompts 3 --max-new-tokens 64 --quality-max-new-tokens 96
-        --asd-budgets 0,2,8 --calibrate-prompts 4)
+elif [[ $SIZE == cpu ]]; then
+  # 10 MT-Bench + 10 HumanEval prompts, 256 new tokens: one run of every row on 2 cores.
+  ARGS=(--num-prompts 10 --max-new-tokens 256 --quality-max-new-tokens 256
+        --asd-budgets 0,1,2,4,8 --calibrate-prompts 8)
   PLOTS=docs/bench
+else
+  echo "SIZE must be cpu or full, got $SIZE" >&2
+  exit 2
+fi
+if "$PY" -c "import llama_cpp" 2>/dev/null; then
+  ARGS+=(--llama-cpp)
 fi
 mkdir -p out
 "$PY" -m asd_jax.bench --mode suite --draft "$DRAFTS" --k 2 "${ARGS[@]}" --json "out/suite_${SIZE}.json" | tee "out/suite_${SIZE}.txt"

@@ -220,3 +220,29 @@ def test_a_verification_block_scores_each_token_as_single_steps_do(quantised_ggu
                             jnp.asarray([[20 + j]], jnp.int32), cache)
     singles.append(np.asarray(logits)[0, 0])
   np.testing.assert_array_equal(np.asarray(together)[0], np.stack(singles))
+
+
+def test_a_drafter_sharing_the_embedding_shares_the_head_blocks(quantised_gguf, tmp_path):
+  """Same bits as with the float32 head, from the target's Q8_0 blocks (no copy of them)."""
+  import dataclasses
+  from models.drafter_folder import load_standalone_drafter, save_standalone_drafter
+  from models.llama import init_decoder
+  with_blocks = load_decoder(quantised_gguf)
+  without = load_decoder(quantised_gguf, weight_blocks=False)
+  cfg = dataclasses.replace(with_blocks.cfg, num_layers=1)
+  folder = save_standalone_drafter(tmp_path / "d", init_decoder(cfg, seed=5), {}, dtype="float32")
+  drafter = load_standalone_drafter(folder, with_blocks)
+  plain = load_standalone_drafter(folder, without)
+  assert drafter.head_q8_0_q[...] is with_blocks.model.head_q8_0_q[...]
+  assert plain.head_q8_0_q is None
+  assert load_standalone_drafter(folder, with_blocks, dtype="bfloat16").head_q8_0_q is None
+  tokens = jnp.asarray([[5, 17, 3, 40]], jnp.int32)
+  positions = jnp.arange(4, dtype=jnp.int32)[None]
+
+  def logits(model):
+    fn = jax.jit(lambda t, p, c: model(t, p, c)[0])
+    return np.asarray(fn(tokens, positions, KVCache.create(cfg, 1, 16)))
+
+  fn = jax.jit(lambda t, p, c: drafter(t, p, c)[0])
+  assert frm._Q8_0_TARGET in fn.lower(tokens, positions, KVCache.create(cfg, 1, 16)).as_text()
+  np.testing.assert_array_equal(logits(drafter), logits(plain))
