@@ -316,6 +316,7 @@ def main(argv=None):
     """Writes the JSON so far (a long suite run keeps what it measured if a later stage dies)."""
     if args.json:
       config["stage"] = stage
+      config.setdefault("memory_maps", {})[stage] = bench_report.memory_map_count()
       bench_report.write_json(args.json, bench_report.machine_info(load_at_start), config,
                               table_rows)
 

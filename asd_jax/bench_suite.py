@@ -166,8 +166,17 @@ def quality_columns(ctx: BenchContext, table_rows: Sequence[dict],
 
 def natural_eos_quality(ctx: BenchContext, runners: dict, names: Sequence[str],
                         max_new_tokens: int, prompt_ids, prompts_ids) -> dict[str, dict]:
-  """Re-runs `names` with natural EOS (one pass) and returns their quality columns."""
+  """Re-runs `names` with natural EOS (one pass) and returns their quality columns.
+
+  The timed phases are over, so their compiled programs are dropped first: a new EOS setting
+  compiles every row again, and each XLA:CPU program holds ~400 memory mappings (more for the
+  speculative loops). Keeping both sets crossed Linux's 65,530 per process in a 16-row suite,
+  where LLVM aborted the run ("Unable to allocate section memory").
+  """
+  import jax
+
   from models.tokenizer import eos_token_ids
+  jax.clear_caches()
   qctx = dataclasses.replace(ctx, max_new_tokens=max_new_tokens, repeats=1,
                              eos_ids=eos_token_ids(ctx.tokenizer, ctx.jax_target[2].hf_config),
                              drafter_setups=ctx.drafter_setups)
