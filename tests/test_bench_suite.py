@@ -5,6 +5,7 @@ tiny end-to-end `--mode suite` run (tiny random target and drafter; no timing as
 import dataclasses
 import importlib.util
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -253,6 +254,9 @@ def test_suite_end_to_end_on_a_tiny_pair(tiny_target, tiny_drafter, tmp_path, ca
   for row in rows.values():   # fixed workload: every row generates exactly 6 tokens per prompt
     assert row["prompts"] == 4 and row["new_tokens"] == 24
   cfg = report["config"]
+  if sys.platform.startswith("linux"):   # the process's memory mappings after each stage
+    assert sorted(cfg["memory_maps"]) == ["done", "protocol", "speed"]
+    assert all(isinstance(n, int) and n > 0 for n in cfg["memory_maps"].values())
   calib = cfg["asd_calibration"]
   for suite, ids in calib["prompt_ids"].items():
     assert ids and not set(ids) & set(cfg["prompt_ids"][suite])   # disjoint from the eval
