@@ -24,15 +24,9 @@
 
 namespace ffi = xla::ffi;
 
+// Inside asd_native: the shared vector type and thread split of cpu_common.h by name.
+namespace asd_native {
 namespace {
-
-using asd_native::Ints;
-using asd_native::kLanes;
-using asd_native::Load;
-using asd_native::Parts;
-using asd_native::RunParts;
-using asd_native::Store;
-using asd_native::Vec;
 
 inline Vec Splat(float x) { return Vec{} + x; }
 
@@ -200,8 +194,9 @@ ffi::Error BlockAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
 }
 
 }  // namespace
+}  // namespace asd_native
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AsdBlockAttention, BlockAttention,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AsdBlockAttention, asd_native::BlockAttention,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()

@@ -40,15 +40,9 @@
 
 namespace ffi = xla::ffi;
 
+// Inside asd_native: the shared vector type and thread split of cpu_common.h by name.
+namespace asd_native {
 namespace {
-
-using asd_native::Ints;
-using asd_native::kLanes;
-using asd_native::Load;
-using asd_native::Parts;
-using asd_native::RunParts;
-using asd_native::Store;
-using asd_native::Vec;
 
 constexpr int kVecs = 4;                       // vectors per column tile
 constexpr int kTile = kLanes * kVecs;          // columns per tile
@@ -457,29 +451,30 @@ ffi::Error FewRowsMatmulTransposedQ8_0(ffi::ThreadPool pool, ffi::Buffer<ffi::F3
 }
 
 }  // namespace
+}  // namespace asd_native
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AsdFewRowsMatmul, FewRowsMatmul,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AsdFewRowsMatmul, asd_native::FewRowsMatmul,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AsdFewRowsMatmulTransposed, FewRowsMatmulTransposed,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AsdFewRowsMatmulTransposed, asd_native::FewRowsMatmulTransposed,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AsdFewRowsMatmulQ4_1, FewRowsMatmulQ4_1,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AsdFewRowsMatmulQ4_1, asd_native::FewRowsMatmulQ4_1,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::U8>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AsdFewRowsMatmulTransposedQ8_0, FewRowsMatmulTransposedQ8_0,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AsdFewRowsMatmulTransposedQ8_0, asd_native::FewRowsMatmulTransposedQ8_0,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
