@@ -267,7 +267,7 @@ def main(argv=None):
 
   from tqdm.auto import tqdm
 
-  from asd_jax import bench_report, bench_suite
+  from asd_jax import bench_report, bench_suite, compiled_programs
   from models.tokenizer import encode_chat, eos_token_ids, load_tokenizer
 
   load_at_start = bench_report.load_average()
@@ -316,7 +316,7 @@ def main(argv=None):
     """Writes the JSON so far (a long suite run keeps what it measured if a later stage dies)."""
     if args.json:
       config["stage"] = stage
-      config.setdefault("memory_maps", {})[stage] = bench_report.memory_map_count()
+      config.setdefault("memory_maps", {})[stage] = compiled_programs.memory_map_count()
       bench_report.write_json(args.json, bench_report.machine_info(load_at_start), config,
                               table_rows)
 

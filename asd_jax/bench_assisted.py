@@ -17,7 +17,7 @@ import os
 import time
 from pathlib import Path
 
-from asd_jax.bench_rows import Batch, BatchOutput, BenchContext, PreparedRow
+from asd_jax.bench_rows import Batch, BatchOutput, BenchContext, PreparedRow, first_call_only
 
 ASSISTED_SETTINGS = ("num_assistant_tokens", "num_assistant_tokens_schedule",
                      "assistant_confidence_threshold")
@@ -86,7 +86,7 @@ def transformers_assisted_greedy(draft: str):
 
     settings = {k: getattr(model.generation_config, k, None) for k in ASSISTED_SETTINGS}
     return PreparedRow(f"transformers_assisted_{Path(str(draft)).name}", run_batch,
-                       warmup=lambda: run_batch(ctx.batches[0]), extra={
+                       warmup=first_call_only(lambda: run_batch(ctx.batches[0])), extra={
                            "draft": str(draft), "assistant_hf_folder": str(assistant_folder),
                            "assistant_export_s": round(export_s, 2), "load_s": round(load_s, 2),
                            "assisted_settings": settings,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from asd_jax.bench_rows import Batch, BatchOutput, BenchContext, PreparedRow
+from asd_jax.bench_rows import Batch, BatchOutput, BenchContext, PreparedRow, first_call_only
 
 GGUF_F32_FILE = "model-f32.gguf"
 _RESERVED_FIELDS = ("GGUF.", "general.architecture", "general.file_type")
@@ -100,7 +100,7 @@ def llama_cpp_greedy(ctx: BenchContext) -> PreparedRow:
     # its buffers; measured here, the first calls of a fresh instance ran several times slower.
     greedy_tokens(llm, list(ctx.batches[0].rows[0]), ctx.max_new_tokens, ())
 
-  return PreparedRow("llama_cpp_greedy", run_batch, warmup,
+  return PreparedRow("llama_cpp_greedy", run_batch, first_call_only(warmup),
                      extra={"weights": str(path), "engine": "llama.cpp",
                             "llama_cpp_python": getattr(llama_cpp, "__version__", "?"),
                             "threads": os.cpu_count(), "note": "one prompt at a time"})

@@ -52,7 +52,16 @@ def triple_summary(strict_before: dict, asd: dict, strict_after: dict,
 
 def run_protocol(ctx: BenchContext, strict: PreparedRow, asd_rows: Sequence[PreparedRow],
                  drift_tol: float = DRIFT_TOL, progress=None) -> list[dict]:
-  """S A1 S A2 ... S over ctx.batches (rows already warmed up); one triple per ASD row."""
+  """S A1 S A2 ... S over ctx.batches; one triple per ASD row.
+
+  The rows warm up on every prompt width first: run_rows may have released their compiled
+  programs (asd_jax/compiled_programs.py), and a compile inside a timed pass would count
+  against whichever row met it. With the programs still there, a warm-up is a 1-token call.
+  """
+  from asd_jax.compiled_programs import release_if_near_limit
+  release_if_near_limit()
+  for row in (strict, *asd_rows):
+    row.warmup(ctx.batches)
   order = [strict]
   for row in asd_rows:
     order += [row, strict]

@@ -47,16 +47,6 @@ def load_average() -> float | None:
     return None
 
 
-def memory_map_count() -> int | None:
-  """This process's memory mappings (Linux; None elsewhere). Compiled XLA:CPU programs hold
-  hundreds each, and the kernel refuses more than vm.max_map_count (usually 65,530)."""
-  try:
-    with open("/proc/self/maps", "rb") as f:
-      return sum(1 for _ in f)
-  except OSError:
-    return None
-
-
 def machine_info(load_at_start: float | None = None) -> dict[str, Any]:
   """Where the numbers were measured. torch/transformers versions are None if not installed.
 

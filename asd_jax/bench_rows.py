@@ -4,7 +4,9 @@ A row runner takes the `BenchContext` (target, tokenizer, encoded prompts, setti
 it needs and returns a `PreparedRow` (a warm-up and a per-batch call); `asd_jax.bench` lists the
 runners of each mode, so a new decoding method is one more runner. `run_rows` fixes what is
 timed for every row alike: warm-up first (compile excluded), then `repeats` passes over the same
-batches, each call timed from host inputs to host outputs (prefill included).
+batches, each call timed from host inputs to host outputs (prefill included). It goes one
+padded prompt width at a time, so that a long run can drop the programs of the widths it is
+done with (asd_jax/compiled_programs.py).
 """
 
 from __future__ import annotations
@@ -67,10 +69,12 @@ RunBatch = Callable[[Batch], BatchOutput]
 
 @dataclasses.dataclass
 class PreparedRow:
-  """A loaded, ready row: `warmup()` compiles (untimed); `run_batch` is the timed call."""
+  """A loaded, ready row: `warmup(batches)` compiles what those batches need (untimed; called
+  once per prompt-width group, so rows of other engines warm up on the first call only:
+  `first_call_only`); `run_batch` is the timed call."""
   name: str
   run_batch: RunBatch
-  warmup: Callable[[], None]
+  warmup: Callable[[Sequence[Batch]], None]
   extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -104,44 +108,83 @@ def _add_counts(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
   return tuple((a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n))
 
 
-def run_rows(ctx: BenchContext, rows: Sequence[PreparedRow]) -> list[RowResult]:
-  """Warms every row up, then times `repeats` passes over ctx.batches.
+def first_call_only(warmup: Callable[[], None]) -> Callable[[Sequence[Batch]], None]:
+  """A PreparedRow warm-up for rows without per-width compiled programs (other engines):
+  runs `warmup()` on the first call and does nothing on later prompt-width groups."""
+  done = []
 
-  The rows take turns batch by batch, so a load change on a shared machine hits all rows
-  alike instead of whichever row happened to run during it.
+  def warm(batches: Sequence[Batch]) -> None:
+    del batches
+    if not done:
+      warmup()
+      done.append(True)
+
+  return warm
+
+
+def padded_width(batch: Batch) -> int:
+  """The prompt width `padded_batch` gives this batch: one compiled program per width."""
+  from asd_jax.cli_common import bucketed_width
+  return bucketed_width(max(len(r) for r in batch.rows), PROMPT_BUCKET)
+
+
+def width_groups(batches: Sequence[Batch]) -> list[list[int]]:
+  """Indices of `batches` grouped by padded prompt width (widths in order of first use)."""
+  groups: dict[int, list[int]] = {}
+  for i, batch in enumerate(batches):
+    groups.setdefault(padded_width(batch), []).append(i)
+  return list(groups.values())
+
+
+def run_rows(ctx: BenchContext, rows: Sequence[PreparedRow]) -> list[RowResult]:
+  """Times `repeats` passes over ctx.batches, one padded prompt width at a time: every row
+  warms up on the width's batches, then the rows take turns batch by batch.
+
+  Taking turns means a load change on a shared machine hits all rows alike instead of
+  whichever row happened to run during it. Going width by width lets a long run release the
+  compiled programs between widths when the process nears Linux's limit on memory mappings
+  (asd_jax/compiled_programs.py); every width is warmed up again before it is timed, so no
+  compile is ever timed. Outputs keep ctx.batches' order.
   """
-  warmup_s = {}
-  for row in rows:
-    t0 = time.perf_counter()
-    row.warmup()
-    warmup_s[row.name] = round(time.perf_counter() - t0, 2)
-  acc = {row.name: dict(outputs=[], wall_s=0.0, new_tokens=0, rounds=0, round_tokens=0,
+  from asd_jax.compiled_programs import release_if_near_limit
+  warmup_s = {row.name: 0.0 for row in rows}
+  acc = {row.name: dict(outputs={}, wall_s=0.0, new_tokens=0, rounds=0, round_tokens=0,
                         per_position=(), per_suite={}) for row in rows}
+  released = 0
   bar = (ctx.progress(total=ctx.repeats * len(ctx.batches) * len(rows), desc="bench")
          if ctx.progress else None)
-  for rep in range(ctx.repeats):
-    for batch in ctx.batches:
-      for row in rows:
-        if bar is not None:
-          bar.set_description(row.name)
-        t0 = time.perf_counter()
-        out = row.run_batch(batch)
-        dt = time.perf_counter() - t0
-        n = sum(len(o) for o in out.tokens)
-        a = acc[row.name]
-        a["wall_s"] += dt
-        a["new_tokens"] += n
-        a["rounds"] += out.rounds
-        a["round_tokens"] += out.round_tokens
-        a["per_position"] = _add_counts(a["per_position"], out.accepted_per_position)
-        s = a["per_suite"].setdefault(batch.suite, {"prompts": 0, "new_tokens": 0, "wall_s": 0.0})
-        s["new_tokens"] += n
-        s["wall_s"] += dt
-        if rep == ctx.repeats - 1:
-          s["prompts"] += len(batch.rows)
-          a["outputs"].extend(out.tokens)
-        if bar is not None:
-          bar.update(1)
+  for g, group in enumerate(width_groups(ctx.batches)):
+    if g and release_if_near_limit():
+      released += 1
+    for row in rows:
+      t0 = time.perf_counter()
+      row.warmup([ctx.batches[i] for i in group])
+      warmup_s[row.name] += time.perf_counter() - t0
+    for rep in range(ctx.repeats):
+      for i in group:
+        batch = ctx.batches[i]
+        for row in rows:
+          if bar is not None:
+            bar.set_description(row.name)
+          t0 = time.perf_counter()
+          out = row.run_batch(batch)
+          dt = time.perf_counter() - t0
+          n = sum(len(o) for o in out.tokens)
+          a = acc[row.name]
+          a["wall_s"] += dt
+          a["new_tokens"] += n
+          a["rounds"] += out.rounds
+          a["round_tokens"] += out.round_tokens
+          a["per_position"] = _add_counts(a["per_position"], out.accepted_per_position)
+          s = a["per_suite"].setdefault(batch.suite,
+                                        {"prompts": 0, "new_tokens": 0, "wall_s": 0.0})
+          s["new_tokens"] += n
+          s["wall_s"] += dt
+          if rep == ctx.repeats - 1:
+            s["prompts"] += len(batch.rows)
+            a["outputs"][i] = out.tokens
+          if bar is not None:
+            bar.update(1)
   if bar is not None:
     bar.close()
   results = []
@@ -150,10 +193,12 @@ def run_rows(ctx: BenchContext, rows: Sequence[PreparedRow]) -> list[RowResult]:
     for s in a["per_suite"].values():
       s["tokens_per_s"] = s["new_tokens"] / s["wall_s"] if s["wall_s"] > 0 else 0.0
     tau = a["round_tokens"] / a["rounds"] if a["rounds"] else 1.0
-    results.append(RowResult(name=row.name, outputs=a["outputs"], wall_s=a["wall_s"],
-                             new_tokens=a["new_tokens"], prompts=len(a["outputs"]), tau=tau,
+    outputs = [tokens for i in sorted(a["outputs"]) for tokens in a["outputs"][i]]
+    results.append(RowResult(name=row.name, outputs=outputs, wall_s=a["wall_s"],
+                             new_tokens=a["new_tokens"], prompts=len(outputs), tau=tau,
                              per_suite=a["per_suite"],
-                             extra={"warmup_s": warmup_s[row.name], **row.extra},
+                             extra={"warmup_s": round(warmup_s[row.name], 2),
+                                    "compiled_programs_released": released, **row.extra},
                              rounds=a["rounds"], accepted_per_position=a["per_position"]))
   return results
 
@@ -181,18 +226,21 @@ def padded_batch(ctx: BenchContext, batch: Batch, max_new: int):
 
 
 def warmup_per_width(ctx: BenchContext, call: Callable[[Batch, int], BatchOutput]):
-  """(compiled widths, warmup): one 1-token call per distinct padded prompt width (the same
-  compiled program as the timed calls, since max_new_B is traced)."""
-  from asd_jax.cli_common import right_pad
-  widths: dict[int, Batch] = {}
-  for batch in ctx.batches:
-    widths.setdefault(right_pad(list(batch.rows), bucket=PROMPT_BUCKET)[0].shape[1], batch)
+  """(compiled widths, warmup): warmup(batches) makes one 1-token call per distinct padded
+  prompt width among `batches` (the same compiled program as the timed calls, since max_new_B
+  is traced)."""
 
-  def warmup():
-    for batch in widths.values():
+  def first_per_width(batches: Sequence[Batch]) -> dict[int, Batch]:
+    widths: dict[int, Batch] = {}
+    for batch in batches:
+      widths.setdefault(padded_width(batch), batch)
+    return widths
+
+  def warmup(batches: Sequence[Batch]) -> None:
+    for batch in first_per_width(batches).values():
       call(batch, 1)
 
-  return sorted(widths), warmup
+  return sorted(first_per_width(ctx.batches)), warmup
 
 
 def ours_plain_greedy(ctx: BenchContext) -> PreparedRow:

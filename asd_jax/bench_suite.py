@@ -169,14 +169,12 @@ def natural_eos_quality(ctx: BenchContext, runners: dict, names: Sequence[str],
   """Re-runs `names` with natural EOS (one pass) and returns their quality columns.
 
   The timed phases are over, so their compiled programs are dropped first: a new EOS setting
-  compiles every row again, and each XLA:CPU program holds ~400 memory mappings (more for the
-  speculative loops). Keeping both sets crossed Linux's 65,530 per process in a 16-row suite,
-  where LLVM aborted the run ("Unable to allocate section memory").
+  compiles every row again, and keeping both sets crossed Linux's limit on memory mappings in
+  a 16-row suite (asd_jax/compiled_programs.py), where LLVM aborted the run.
   """
-  import jax
-
+  from asd_jax.compiled_programs import release_compiled_programs
   from models.tokenizer import eos_token_ids
-  jax.clear_caches()
+  release_compiled_programs()
   qctx = dataclasses.replace(ctx, max_new_tokens=max_new_tokens, repeats=1,
                              eos_ids=eos_token_ids(ctx.tokenizer, ctx.jax_target[2].hf_config),
                              drafter_setups=ctx.drafter_setups)

@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from asd_jax.bench_rows import Batch, BatchOutput, BenchContext, PreparedRow
+from asd_jax.bench_rows import Batch, BatchOutput, BenchContext, PreparedRow, first_call_only
 
 
 def hf_folder_for(target: str | os.PathLike) -> Path:
@@ -99,7 +99,7 @@ def transformers_generate_greedy(ctx: BenchContext) -> PreparedRow:
     return BatchOutput([until_eos(new, ctx.eos_ids) for new in out[:, width:].tolist()])
 
   return PreparedRow("transformers_generate_greedy", run_batch,
-                     warmup=lambda: run_batch(ctx.batches[0]), extra={
+                     warmup=first_call_only(lambda: run_batch(ctx.batches[0])), extra={
                          "model_class": type(model).__name__, "hf_folder": str(folder),
                          "torch_threads": torch.get_num_threads(), "load_s": round(load_s, 2),
                          "transformers_version": transformers.__version__})

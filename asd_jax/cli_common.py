@@ -55,10 +55,15 @@ def parse_prompt_ids(text: str) -> list[int]:
   return ids
 
 
+def bucketed_width(longest: int, bucket: int) -> int:
+  """`longest` rounded up to a multiple of `bucket` (at least one bucket)."""
+  return max(1, -(-int(longest) // bucket) * bucket)
+
+
 def right_pad(rows: list[list[int]], bucket: int = 32) -> tuple[np.ndarray, np.ndarray]:
   """Right-pads token rows to a width rounded up to `bucket` (fewer distinct compiled shapes)."""
   lengths = np.array([len(r) for r in rows], np.int32)
-  width = max(1, -(-int(lengths.max()) // bucket) * bucket)
+  width = bucketed_width(lengths.max(), bucket)
   out = np.zeros((len(rows), width), np.int32)
   for i, r in enumerate(rows):
     out[i, :len(r)] = r

@@ -91,7 +91,7 @@ def test_rows_take_turns_and_report_speedup_match_and_tau():
       calls.append(name)
       toks = [[r[0] + shift] * 4 for r in batch.rows]
       return BatchOutput(toks, rounds=rounds, round_tokens=2 * rounds)
-    return PreparedRow(name, run, warmup=lambda: None)
+    return PreparedRow(name, run, warmup=lambda batches: None)
 
   ctx = BenchContext(target="t", tokenizer=None, batches=make_batches(
       [("s", [1]), ("s", [2])], batch_size=1), max_new_tokens=4, eos_ids=(), batch_size=1,
@@ -104,6 +104,60 @@ def test_rows_take_turns_and_report_speedup_match_and_tau():
   assert rows[0]["new_tokens"] == 16 and rows[0]["prompts"] == 2
   table = bench_report.format_table(rows)
   assert "speedup_vs_plain" in table and "ours_plain_greedy" in table
+
+
+def test_rows_go_width_by_width_and_release_programs_only_near_the_map_limit(monkeypatch):
+  from asd_jax import compiled_programs
+  events = []
+
+  def row(name):
+    def run(batch: Batch):
+      events.append(("run", name, batch.rows[0][0]))
+      return BatchOutput([[r[0]] for r in batch.rows])
+
+    def warmup(batches):
+      events.append(("warm", name, tuple(b.rows[0][0] for b in batches)))
+    return PreparedRow(name, run, warmup=warmup)
+
+  # Prompt lengths 1, 70, 2, 130 pad to widths 64, 128, 64, 192: three groups, first-use order.
+  prompts = [("s", [1]), ("s", [2] * 70), ("s", [3] * 2), ("s", [4] * 130)]
+  ctx = BenchContext(target="t", tokenizer=None, batches=make_batches(prompts, batch_size=1),
+                     max_new_tokens=1, eos_ids=(), batch_size=1, repeats=1)
+  released = []
+  monkeypatch.setattr(compiled_programs, "release_compiled_programs",
+                      lambda: released.append(len(events)))
+  monkeypatch.setattr(compiled_programs, "memory_map_limit", lambda: 1000)
+  counts = iter([400, 600])   # below half the limit after the first width, above after the second
+  monkeypatch.setattr(compiled_programs, "memory_map_count", lambda: next(counts))
+  results = run_rows(ctx, [row("a"), row("b")])
+  assert events == [
+      ("warm", "a", (1, 3)), ("warm", "b", (1, 3)),
+      ("run", "a", 1), ("run", "b", 1), ("run", "a", 3), ("run", "b", 3),
+      ("warm", "a", (2,)), ("warm", "b", (2,)), ("run", "a", 2), ("run", "b", 2),
+      ("warm", "a", (4,)), ("warm", "b", (4,)), ("run", "a", 4), ("run", "b", 4)]
+  assert released == [10]   # once, between the second and the third width, before warming up
+  assert results[0].outputs == [[1], [2], [3], [4]]   # outputs keep the prompts' order
+  assert results[0].extra["compiled_programs_released"] == 1
+
+
+def test_release_if_near_limit_reads_proc_and_is_a_no_op_without_it(monkeypatch, tmp_path):
+  from asd_jax import compiled_programs
+  maps, limit = tmp_path / "maps", tmp_path / "max_map_count"
+  maps.write_text("x\n" * 30)
+  limit.write_text("100\n")
+  monkeypatch.setattr(compiled_programs, "MAPS_FILE", str(maps))
+  monkeypatch.setattr(compiled_programs, "LIMIT_FILE", str(limit))
+  released = []
+  monkeypatch.setattr(compiled_programs, "release_compiled_programs",
+                      lambda: released.append(True))
+  assert compiled_programs.memory_map_count() == 30
+  assert compiled_programs.memory_map_limit() == 100
+  assert not compiled_programs.release_if_near_limit() and not released
+  maps.write_text("x\n" * 51)
+  assert compiled_programs.release_if_near_limit() and released == [True]
+  monkeypatch.setattr(compiled_programs, "LIMIT_FILE", str(tmp_path / "missing"))
+  assert compiled_programs.memory_map_limit() is None
+  assert not compiled_programs.release_if_near_limit() and released == [True]
 
 
 # ------------------------------------------------------------------------------- end to end

@@ -84,7 +84,7 @@ def test_row_runs_the_f32_copy_on_the_bench_prompts(tmp_path, monkeypatch):
   ctx = BenchContext(target=str(src), tokenizer=None, batches=batches, max_new_tokens=3,
                      eos_ids=(), batch_size=2, repeats=1)
   row = llama_cpp_greedy(ctx)
-  row.warmup()
+  row.warmup(batches)
   out = row.run_batch(batches[0])
   assert out.tokens == [[5, 6, 7], [5, 6, 7]]
   kind, path, kwargs = _FakeLlama.calls[0]

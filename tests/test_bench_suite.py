@@ -84,7 +84,7 @@ def test_protocol_runs_strict_between_every_asd_preset():
     def run(batch):
       calls.append(name)
       return BatchOutput([[1, 2, 3]] * len(batch.rows))
-    return PreparedRow(name, run, warmup=lambda: None)
+    return PreparedRow(name, run, warmup=lambda batches: None)
 
   ctx = BenchContext(target="t", tokenizer=None, batches=make_batches(
       [("s", [1]), ("s", [2])], batch_size=1), max_new_tokens=3, eos_ids=(), batch_size=1,
