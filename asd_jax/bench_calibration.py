@@ -29,6 +29,7 @@ from asd_jax.bench_prompts import LOADERS, BenchPrompt
 from asd_jax.calibrate import calibrate_asd
 from asd_jax.drafter_api import ChainDrafter
 from asd_jax.lm_api import LanguageModelFns
+from asd_jax.request_checks import round_up
 from asd_jax.sampling import SamplingConfig
 
 WIDTH_BUCKET = 64
@@ -68,7 +69,7 @@ def calibration_prompts(suites: Sequence[str], eval_count: int, count: int,
 
 
 def _bucket(n: int) -> int:
-  return -(-n // WIDTH_BUCKET) * WIDTH_BUCKET
+  return round_up(n, WIDTH_BUCKET)
 
 
 @functools.partial(jax.jit, static_argnums=0)

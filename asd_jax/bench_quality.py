@@ -32,6 +32,7 @@ import numpy as np
 
 from asd_jax.bench_calibration import WIDTH_BUCKET
 from asd_jax.lm_api import LanguageModelFns
+from asd_jax.request_checks import round_up
 
 _CODE_BLOCK = re.compile(r"```[ \t]*(?:python|py|Python)?[ \t]*\n(.*?)(?:```|\Z)", re.S)
 
@@ -118,7 +119,7 @@ def output_nll(fns: LanguageModelFns, params, prompts: Sequence[Sequence[int]],
       per_output.append(None)
       continue
     seq = list(prompt) + list(output)
-    tokens = np.zeros((1, -(-len(seq) // WIDTH_BUCKET) * WIDTH_BUCKET), np.int32)
+    tokens = np.zeros((1, round_up(len(seq), WIDTH_BUCKET)), np.int32)
     tokens[0, :len(seq)] = seq
     nll = float(_nll_sum(fns, params, tokens, jnp.int32(len(prompt)), jnp.int32(len(seq))))
     total += nll

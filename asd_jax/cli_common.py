@@ -56,8 +56,10 @@ def parse_prompt_ids(text: str) -> list[int]:
 
 
 def bucketed_width(longest: int, bucket: int) -> int:
-  """`longest` rounded up to a multiple of `bucket` (at least one bucket)."""
-  return max(1, -(-int(longest) // bucket) * bucket)
+  """`longest` rounded up to a multiple of `bucket` (at least 1: an empty row still gets a
+  column)."""
+  from asd_jax.request_checks import round_up
+  return max(1, round_up(int(longest), bucket))
 
 
 def right_pad(rows: list[list[int]], bucket: int = 32) -> tuple[np.ndarray, np.ndarray]:
