@@ -130,13 +130,14 @@ def quality_columns(ctx: BenchContext, table_rows: Sequence[dict],
   fns, params, _ = ctx.jax_target
   outputs = {r.name: r.outputs for r in results}
   out: dict[str, dict] = {}
+  nll_memo, check_memo = {}, {}   # rows share equal outputs (strict rows: all of plain's)
   for row in table_rows:
     name = row["name"]
     if name not in outputs:
       continue
     q: dict[str, Any] = {"mean_new_tokens": round(sum(map(len, outputs[name]))
                                                   / max(len(outputs[name]), 1), 2)}
-    nll = output_nll(fns, params, prompts_ids, outputs[name])
+    nll = output_nll(fns, params, prompts_ids, outputs[name], nll_memo)
     q["nll"] = None if nll["mean_nll"] is None else round(nll["mean_nll"], 5)
     q["nll_per_output"] = nll["per_output"]
     ref = strict_name_for(row)
@@ -148,7 +149,7 @@ def quality_columns(ctx: BenchContext, table_rows: Sequence[dict],
       he = [(i, pid) for i, (suite, pid) in enumerate(prompt_ids) if suite == "humaneval"]
       if he:
         texts = [ctx.tokenizer.decode(outputs[name][i], skip_special_tokens=True) for i, _ in he]
-        res = humaneval_pass_at_1([pid for _, pid in he], texts)
+        res = humaneval_pass_at_1([pid for _, pid in he], texts, memo=check_memo)
         q["pass_at_1"] = res["pass_at_1"]
         q["humaneval_results"] = res["results"]
     out[name] = q

@@ -181,6 +181,34 @@ def test_output_nll_matches_transformers(tiny_target, tiny_pair):  # noqa: F811
   assert got["mean_nll"] == pytest.approx(total / 4, rel=1e-4)
 
 
+def test_quality_memos_score_each_distinct_output_once(tiny_pair, monkeypatch):
+  """Rows share NLL forwards and HumanEval checks through the memos, with the same numbers
+  as scoring every output afresh."""
+  _, fns, params, _, _ = tiny_pair
+  prompts = [[1, 5, 7, 9], [1, 4], [1, 4]]
+  plain, other = [[10, 11, 12], [30], [30]], [[10, 11, 12], [31, 32], [30]]
+  fresh = [bench_quality.output_nll(fns, params, prompts, o) for o in (plain, other)]
+  forwards = []
+  real_nll_sum = bench_quality._nll_sum
+  monkeypatch.setattr(bench_quality, "_nll_sum",
+                      lambda *a: forwards.append(a[2].shape) or real_nll_sum(*a))
+  memo = {}
+  shared = [bench_quality.output_nll(fns, params, prompts, o, memo) for o in (plain, other)]
+  assert len(forwards) == 3 and len(memo) == 3   # [10,11,12], [30] (twice per row), [31,32]
+  for a, b in zip(fresh, shared):
+    assert a["per_output"] == b["per_output"] and a["tokens"] == b["tokens"]
+    assert a["mean_nll"] == pytest.approx(b["mean_nll"], rel=1e-6)
+  checks = []
+  monkeypatch.setattr(bench_quality, "run_check",
+                      lambda program, timeout_s: checks.append(program) or "passed")
+  monkeypatch.setattr(bench_quality, "humaneval_problems", lambda: {
+      t: {"prompt": "", "test": "", "entry_point": "f"} for t in ("A", "B")})
+  check_memo = {}
+  first = bench_quality.humaneval_pass_at_1(["A", "B"], ["x = 1", "x = 1"], memo=check_memo)
+  again = bench_quality.humaneval_pass_at_1(["A", "B"], ["x = 1", "x = 2"], memo=check_memo)
+  assert len(checks) == 3 and first["passed"] == again["passed"] == 2
+
+
 def test_calibration_rounds_read_only_rows_equal_to_the_real_verification(tiny_pair):
   """The greedy-path rows stand in for a real verification forward up to the first mismatch:
   the first-rejection ratios equal those from scoring prompt + draft for real."""
