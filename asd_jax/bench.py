@@ -68,7 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
                  help="which rows to run (default: ar)")
   p.add_argument("--suite", default=",".join(SUITES),
                  help=f"comma-separated prompt suites from {', '.join(SUITES)} (default: both)")
-  p.add_argument("--num-prompts", type=int, default=8, help="prompts per suite (default: 8)")
+  p.add_argument("--num-prompts", type=int, default=8,
+                 help="the first N prompts of each suite; a suite with fewer (MT-Bench has 80, "
+                 "HumanEval 164) gives all of its own, so 164 runs both whole (default: 8)")
   p.add_argument("--max-new-tokens", type=int, default=128)
   eos = p.add_mutually_exclusive_group()
   eos.add_argument("--ignore-eos", dest="ignore_eos", action="store_true", default=True,
@@ -268,6 +270,7 @@ def main(argv=None):
   from tqdm.auto import tqdm
 
   from asd_jax import bench_report, bench_suite, compiled_programs
+  from asd_jax.request_checks import check_context
   from models.tokenizer import encode_chat, eos_token_ids, load_tokenizer
 
   load_at_start = bench_report.load_average()
@@ -280,6 +283,11 @@ def main(argv=None):
                      progress=lambda **kw: tqdm(file=sys.stderr, leave=False, **kw))
   if not args.ignore_eos:
     ctx.eos_ids = eos_token_ids(tokenizer, ctx.jax_target[2].hf_config)
+  # Past the target's context window every one of our rows would fail: say so before any row
+  # (or the calibration) runs.
+  check_context(ctx.jax_target[0].max_positions, [len(ids) for _, ids in encoded],
+                max(args.max_new_tokens, args.quality_max_new_tokens if args.quality else 0),
+                args.target)
 
   runners = dict(RUNNERS)
   calibrated, calibration, quality_rows = None, None, []

@@ -27,6 +27,10 @@ class LanguageModelFns:
   init_cache(batch_size, capacity) -> cache
       A fresh preallocated cache with `capacity` slots per row.
 
+  max_positions: the positions the model was trained for (its context window, e.g. an HF
+      config's max_position_embeddings); a request whose prompt + max_new_tokens exceeds it is
+      refused, as vLLM refuses it. None: no limit (fakes, or a model with none).
+
   Needed only for tree decoding (None otherwise):
   tree_forward(params, tokens_BxT, positions_BxT, slots_BxT, visible_BxTxS, cache)
       -> (logits_BxTxV f32, hidden | None, cache)
@@ -42,5 +46,6 @@ class LanguageModelFns:
   init_cache: Callable[[int, int], Cache]
   vocab_size: int
   name: str = "model"
+  max_positions: int | None = None
   tree_forward: Callable[..., tuple[Any, Any, Cache]] | None = None
   move_slots: Callable[..., Cache] | None = None

@@ -136,6 +136,7 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
   """
   prompt, lengths = request_checks.check_prompts(prompt_BxT, lengths_B, fns.vocab_size)
   max_new_tokens = request_checks.check_positive_int("max_new_tokens", max_new_tokens)
+  request_checks.check_context(fns.max_positions, lengths, max_new_tokens, fns.name)
   eos_ids = request_checks.check_eos_ids(eos_ids, fns.vocab_size)
   needed = prompt.shape[1] + max_new_tokens
   if capacity is None:

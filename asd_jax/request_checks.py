@@ -46,6 +46,18 @@ def check_capacity(capacity: int, needed: int, what: str) -> None:
                      f"shorten the prompt, lower max_new_tokens or raise the capacity")
 
 
+def check_context(max_positions: int | None, lengths_B: np.ndarray, max_new_tokens: int,
+                  model: str) -> None:
+  """Refuses a request that would run past the model's context window: past the positions it
+  was trained for, RoPE extrapolates and the output degrades without any error."""
+  longest = int(np.max(lengths_B))
+  if max_positions is not None and longest + max_new_tokens > max_positions:
+    raise ValueError(f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) = "
+                     f"{longest + max_new_tokens} exceeds the context window of {model!r} "
+                     f"({max_positions} positions); shorten the prompt or lower "
+                     f"max_new_tokens")
+
+
 def check_eos_ids(eos_ids, vocab_size: int) -> tuple[int, ...]:
   ids = tuple(int(e) for e in eos_ids)
   for e in ids:

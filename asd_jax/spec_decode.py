@@ -211,6 +211,7 @@ def prepare_request(target: LanguageModelFns, drafter_vocab: int, prompt_BxT, le
     raise ValueError("ASD budget and gate must be finite")
   prompt, lengths = request_checks.check_prompts(prompt_BxT, lengths_B, target.vocab_size)
   max_new_tokens = request_checks.check_positive_int("max_new_tokens", max_new_tokens)
+  request_checks.check_context(target.max_positions, lengths, max_new_tokens, target.name)
   eos_ids = request_checks.check_eos_ids(eos_ids, target.vocab_size)
   needed = required_capacity(prompt.shape[1], max_new_tokens, lookahead)
   if capacity is None:

@@ -36,6 +36,7 @@ def decoder_fns(model: Decoder, hidden_layers: tuple[int, ...] = (), name: str =
                                        hidden_layers=hidden_layers)
 
   fns = LanguageModelFns(forward=forward, prefill=prefill, init_cache=init_cache,
-                         vocab_size=cfg.vocab_size, name=name, tree_forward=tree_forward,
+                         vocab_size=cfg.vocab_size, name=name,
+                         max_positions=cfg.max_position_embeddings, tree_forward=tree_forward,
                          move_slots=move_slots)
   return fns, params

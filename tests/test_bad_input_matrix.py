@@ -8,6 +8,7 @@ mismatched vocabularies, bad tree shapes, unknown names, corrupt files) across e
 point that takes them. CLI entries assert exit code 2 and one `error:` line on stderr.
 """
 
+import dataclasses
 import math
 
 import jax
@@ -48,6 +49,8 @@ def tree_decode(target=None, drafter=None, **kw):
     from tests.tiny_models import random_decoder
     fns, params = decoder_fns(random_decoder(seed=0, vocab=V, num_layers=1, hidden=16))
     tgt = fns if target is None else target
+    if "max_positions" in kw:
+      tgt = dataclasses.replace(tgt, max_positions=kw.pop("max_positions"))
     drf = lm_tree_drafter(fns, TreeShape(2, 2, 3)) if drafter is None else drafter
     return asd_tree_decode(tgt, params, drf, params, kw.pop("prompt", P), kw.pop("lengths", N),
                            max_new_tokens=4, **kw)
@@ -61,6 +64,14 @@ API = [
                                    lengths_B=np.zeros(0, np.int32)), ValueError, "empty batch"),
     ("decode: prompt too long", decode(capacity=8), ValueError, "cache slots"),
     ("decode: length > width", decode(lengths_B=np.array([4])), ValueError, "exceed"),
+    # prompt (3) + max_new_tokens (4) = 7 positions, one past a 6-position context window
+    ("decode: past the context window", decode(target=dataclasses.replace(T, max_positions=6)),
+     ValueError, "context window"),
+    ("plain: past the context window", lambda: plain_decode(
+        dataclasses.replace(T, max_positions=6), None, P, N, max_new_tokens=4), ValueError,
+     "context window"),
+    ("tree decode: past the context window", tree_decode(max_positions=6), ValueError,
+     "context window"),
     ("decode: id >= V", decode(prompt_BxT=np.array([[1, V, 3]])), ValueError,
      "outside the vocabulary"),
     ("decode: id < 0", decode(prompt_BxT=np.array([[1, -1, 3]])), ValueError,

@@ -233,3 +233,18 @@ def test_natural_eos_batched_run_without_transformers(tiny_target, tmp_path):
   (plain,) = report["rows"]
   assert report["config"]["ignore_eos"] is False and report["config"]["batch_size"] == 2
   assert plain["prompts"] == 3 and 3 <= plain["new_tokens"] <= 15
+
+
+@needs_mt_bench
+def test_a_run_past_the_context_window_fails_before_any_row(tiny_target, tmp_path, capsys,
+                                                             monkeypatch):
+  """The tiny target's window is 2048 positions: 2048 new tokens after any prompt is one line
+  of error before a row (or its JSON) exists."""
+  monkeypatch.setattr(bench, "run_rows", lambda *a, **k: pytest.fail("a row ran"))
+  out = tmp_path / "bench.json"
+  with pytest.raises(SystemExit) as e:
+    bench.main(["--target", str(tiny_target), "--suite", "mt_bench", "--num-prompts", "1",
+                "--max-new-tokens", "2048", "--skip-transformers", "--json", str(out)])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and "exceeds the context window" in err and "(2048 positions)" in err
+  assert not out.exists()

@@ -129,6 +129,20 @@ def test_bad_requests_are_refused_before_running(prompt, lengths, kwargs, match)
     plain_decode(_FNS, _PARAMS, prompt, lengths, **kwargs)
 
 
+def test_requests_stop_at_the_models_context_window():
+  """The decoder's fns carry its config's window; prompt + max_new_tokens may fill it exactly
+  (the longest row counts, not the padded width) and not one position more."""
+  assert _FNS.max_positions == _MODEL.cfg.max_position_embeddings
+  window = _MODEL.cfg.max_position_embeddings
+  prompt = np.zeros((2, 8), np.int32)
+  prompt[:, :5] = 7
+  lengths = np.array([5, 3], np.int32)
+  out = plain_decode(_FNS, _PARAMS, prompt, lengths, max_new_tokens=window - 5)
+  assert int(np.max(out.num_generated_B)) == window - 5
+  with pytest.raises(ValueError, match=f"= {window + 1} exceeds the context window"):
+    plain_decode(_FNS, _PARAMS, prompt, lengths, max_new_tokens=window - 4)
+
+
 @pytest.mark.parametrize("kwargs,match", [
     ({"temperature": -1.0}, "temperature"), ({"top_p": 0.0}, "top_p"),
     ({"top_p": 1.5}, "top_p"), ({"top_k": -2}, "top_k")])
