@@ -158,7 +158,8 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
     max_new_tokens: output buffer size (static); max_new_B optionally lowers it per row.
     rule: "strict" (greedy verification; output == plain greedy decoding), "asd" (ASD with
       `asd_config`; the ledger persists across rounds for the whole request) or "sample"
-      (lossless speculative sampling with `sampling`; output distributed as plain sampling).
+      (lossless speculative sampling with `sampling`; output distributed as plain sampling;
+      at temperature 0 that is greedy decoding, and it runs as "strict").
     eos_ids: a row stops after emitting any of these (kept in the output).
     seed: an int, or int[B] one per request (asd_jax.sampling_keys.row_keys). Each row draws
       from its own key, so with per-request seeds a sampled row equals the same request run
@@ -180,7 +181,7 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
                         max_new_tokens=max_new_tokens, max_new_B=max_new_B, capacity=capacity,
                         lookahead=drafter.num_draft, what=f"K={drafter.num_draft}", seed=seed)
   return _asd_decode(target, target_params, drafter, drafter_params, *req.arrays,
-                     rule=rule, sampling=sampling, normalize_q=asd_config.normalize_q,
+                     rule=req.rule, sampling=sampling, normalize_q=asd_config.normalize_q,
                      max_new_tokens=req.max_new_tokens, capacity=req.capacity,
                      eos_ids=req.eos_ids, stream=stream)
 
@@ -191,6 +192,11 @@ class PreparedRequest:
   max_new_tokens: int
   capacity: int
   eos_ids: tuple[int, ...]
+  # The rule the loop runs. "sample" at temperature 0 samples from point masses (the drafter's
+  # and the target's argmax, as plain sampling at temperature 0 does), so it accepts exactly
+  # what greedy verification accepts and runs as "strict"; greedy drafters give no draft
+  # distribution for the sampling rule to read.
+  rule: str
 
 
 def prepare_request(target: LanguageModelFns, drafter_vocab: int, prompt_BxT, lengths_B, *,
@@ -227,4 +233,5 @@ def prepare_request(target: LanguageModelFns, drafter_vocab: int, prompt_BxT, le
                  np.int32(asd_config.max_exceptions))
   arrays = (jnp.asarray(prompt), jnp.asarray(lengths), jnp.asarray(max_new_B), asd_scalars,
             row_keys(seed, prompt.shape[0]))
-  return PreparedRequest(arrays, max_new_tokens, int(capacity), eos_ids)
+  loop_rule = "strict" if rule == "sample" and sampling.greedy else rule
+  return PreparedRequest(arrays, max_new_tokens, int(capacity), eos_ids, loop_rule)

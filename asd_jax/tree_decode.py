@@ -181,7 +181,7 @@ def asd_tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafte
                         asd_config=asd_config, sampling=sampling, eos_ids=eos_ids,
                         max_new_tokens=max_new_tokens, max_new_B=max_new_B, capacity=capacity,
                         lookahead=lookahead, what=f"tree {shape}", seed=seed)
-  return _tree_decode(target, target_params, drafter, drafter_params, *req.arrays, rule=rule,
-                      sampling=sampling, normalize_q=asd_config.normalize_q,
+  return _tree_decode(target, target_params, drafter, drafter_params, *req.arrays,
+                      rule=req.rule, sampling=sampling, normalize_q=asd_config.normalize_q,
                       max_new_tokens=req.max_new_tokens, capacity=req.capacity,
                       eos_ids=req.eos_ids, stream=stream)

@@ -73,6 +73,24 @@ def test_speculative_sampling_matches_the_target_distribution(pair, sampling):
   assert _tv(got.sum(axis=0), exact.sum(axis=0)) <= TV_LIMIT
 
 
+def test_sample_rule_at_temperature_0_is_greedy_decoding(pair):
+  """rule="sample" at temperature 0 (the default SamplingConfig) samples from point masses, so
+  it gives strict's output and rounds, with chain and tree drafters. Greedy drafters hand the
+  rule no draft distribution; this used to stop with a dtype error from inside the loop."""
+  from asd_jax.draft_tree import TreeShape, lm_tree_drafter
+  from asd_jax.tree_decode import asd_tree_decode
+  tfns, tparams, dparams = pair
+  prompt = np.array([PROMPT + [0], [5, 2, 9, 4]], np.int32)
+  lengths = np.array([3, 4], np.int32)
+  chain, tree = lm_chain_drafter(tfns, 2), lm_tree_drafter(tfns, TreeShape(2, 2, 3))
+  for decode, drafter in ((asd_decode, chain), (asd_tree_decode, tree)):
+    strict, sample = (decode(tfns, tparams, drafter, dparams, prompt, lengths,
+                             max_new_tokens=12, rule=rule) for rule in ("strict", "sample"))
+    np.testing.assert_array_equal(np.asarray(sample.tokens_BxN), np.asarray(strict.tokens_BxN))
+    np.testing.assert_array_equal(np.asarray(sample.stats.rounds_B),
+                                  np.asarray(strict.stats.rounds_B))
+
+
 def test_the_check_can_fail(pair, monkeypatch):
   """A sampler that accepts every draft token (ignoring p/q) must fail the same bound."""
   from asd_jax import spec_decode
