@@ -8,6 +8,7 @@ length, batch) and the schedule; the CLI only picks one and may override fields 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +126,28 @@ class TrainConfig:
         raise ValueError(f"{f} must be >= 0, got {getattr(self, f)}")
     if not 0.0 <= self.vsd_gamma < 1.0:
       raise ValueError(f"vsd_gamma must be in [0, 1), got {self.vsd_gamma}")
+    # The optimiser and the bookkeeping periods: a NaN or non-positive rate turns the drafter
+    # into NaNs (or nothing) after one step, and a zero period divides by zero mid-run, after
+    # the data and the target have loaded; refuse them here instead.
+    if not (math.isfinite(self.lr) and self.lr > 0):
+      raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
+    for f in ("end_lr_ratio", "weight_decay"):
+      if not (math.isfinite(getattr(self, f)) and getattr(self, f) >= 0):
+        raise ValueError(f"{f} must be a finite number >= 0, got {getattr(self, f)}")
+    if not self.clip_norm > 0:  # inf: no clipping; also refuses NaN
+      raise ValueError(f"clip_norm must be > 0, got {self.clip_norm}")
+    for f in ("b1", "b2"):
+      if not 0.0 <= getattr(self, f) < 1.0:
+        raise ValueError(f"{f} must be in [0, 1), got {getattr(self, f)}")
+    for f in ("log_every", "ckpt_every", "keep_checkpoints", "draft_vocab_size"):
+      if getattr(self, f) <= 0:
+        raise ValueError(f"{f} must be positive, got {getattr(self, f)}")
+    for f in ("warmup_steps", "eval_every", "eval_examples"):  # eval_every 0: no evaluation
+      if getattr(self, f) < 0:
+        raise ValueError(f"{f} must be >= 0, got {getattr(self, f)}")
+    if len(self.eval_tree) != 2 or (tuple(self.eval_tree) != (0, 0) and min(self.eval_tree) <= 0):
+      raise ValueError(f"eval_tree must be (depth, top-k), both positive, or (0, 0) for off; "
+                       f"got {self.eval_tree}")
 
   def dataset_dir(self) -> str:
     return self.data_dir or f"out/data/{self.name}"
@@ -188,7 +211,11 @@ _BOOLS = {"1": True, "true": True, "yes": True, "on": True,
 
 def _parse_value(item: str, current, raw: str):
   if isinstance(current, tuple):
-    return tuple(int(x) for x in raw.split(",") if x)
+    try:
+      return tuple(int(x) for x in raw.split(",") if x)
+    except ValueError:
+      raise ValueError(f"bad override {item!r}: expected comma-separated integers, e.g. "
+                       f"{','.join(map(str, current)) or '1,2'}") from None
   if isinstance(current, bool):
     if raw.lower() not in _BOOLS:
       raise ValueError(f"bad override {item!r}: expected one of {', '.join(_BOOLS)}")

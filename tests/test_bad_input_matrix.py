@@ -302,6 +302,16 @@ TRAIN = [
     (["--config=tiny", "--set", "steps"], "override"),
     (["--config=tiny", "--set", "no_such_field=1"], "no_such_field"),
     (["--config=tiny_nope"], "unknown training preset 'tiny_nope'"),
+    # optimiser and bookkeeping fields: NaN parameters after one step, or a division by zero
+    # mid-run, if they got that far
+    (["--config=tiny", "--set", "lr=nan"], "lr must be a finite number > 0, got nan"),
+    (["--config=tiny", "--set", "clip_norm=0"], "clip_norm must be > 0"),
+    (["--config=tiny", "--set", "b2=1"], "b2 must be in [0, 1)"),
+    (["--config=tiny", "--set", "ckpt_every=0"], "ckpt_every must be positive"),
+    (["--config=tiny", "--set", "log_every=0"], "log_every must be positive"),
+    (["--config=tiny", "--set", "warmup_steps=-1"], "warmup_steps must be >= 0"),
+    (["--config=tiny", "--set", "eval_tree=1,0"], "eval_tree must be (depth, top-k)"),
+    (["--config=tiny", "--set", "eval_tree=(1,0)"], "expected comma-separated integers"),
 ]
 
 
