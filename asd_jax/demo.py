@@ -1,15 +1,19 @@
 """`make demo`: speculative decoding on the real default model (SmolLM2-135M-Instruct, CPU).
 
-Loads the target and the shipped drafter(s), streams the first answer as speculative decoding
-commits it, then answers a few chat prompts with plain greedy decoding, strict speculative
-decoding (identical text) and ASD (paper preset) with the shipped drafter, and strict decoding
-with the model-free n-gram drafter, printing tokens/s, tau and the speedup over plain decoding
-measured in this run.
+Loads the target and the shipped drafters, streams the first answer as strict speculative
+decoding commits it, then answers the first MT-Bench prompts (the benchmark's own order, one per
+category) with plain greedy decoding, strict speculative decoding (identical text) and ASD
+(paper preset), with the shipped drafter and with the model-free n-gram drafter and its store.
+Every configuration is compiled first, then timed in interleaved passes (a change in the
+machine's load hits every configuration alike) and the median pass counts; it prints tokens/s,
+tau and the speedup over plain decoding measured in this run.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
+from typing import Callable
 
 import jax
 import numpy as np
@@ -19,30 +23,41 @@ from asd_jax.cli_common import enable_compilation_cache, right_pad, text_stream
 from asd_jax.ngram_drafter import parse_ngram_name
 from asd_jax.plain_decode import plain_decode
 
-PROMPTS = (
-    "What is the capital of France?",
-    "Write a Python function that returns the n-th Fibonacci number.",
-    "Give three tips for writing clear technical documentation.",
-)
+SUITE, NUM_PROMPTS = "mt_bench", 5  # writing, roleplay, reasoning, math, coding
 MAX_NEW = 96
+TIMED_PASSES = 3
 DRAFTERS = ("smollm2-135m-standalone", "smollm2-135m-eagle3")  # best measured tau first
-NGRAM = ("ngram+store", 3)  # the model-free drafter (with the target's n-gram store) and its K
-STREAMED = 1  # the prompt whose answer is streamed (a long one)
+DRAFTER_K = 2  # the cost model of the standalone drafter (scripts/distill_standalone_drafter.py)
+# The model-free drafter with the target's n-gram store, at the K of the README's fastest
+# lossless row.
+NGRAM = ("ngram+store", 5)
 
 
-def _timed(fn):
-  # Compile and warm up on the same shapes, and wait: dispatch is asynchronous, and a warm-up
-  # still running would be timed with the call after it.
-  jax.block_until_ready(fn())
-  t0 = time.perf_counter()
-  out = jax.block_until_ready(fn())
-  return out, time.perf_counter() - t0
+def _timed_interleaved(runs: dict[str, Callable], passes: int) -> dict[str, tuple]:
+  """{name: (output, median seconds)}: each run is compiled and waited for, then timed in
+  `passes` rounds of turns. Dispatch is asynchronous: a warm-up still running would be timed
+  with the call after it."""
+  outputs = {name: jax.block_until_ready(run()) for name, run in runs.items()}
+  seconds = {name: [] for name in runs}
+  for _ in range(passes):
+    for name, run in runs.items():
+      t0 = time.perf_counter()
+      jax.block_until_ready(run())
+      seconds[name].append(time.perf_counter() - t0)
+  return {name: (outputs[name], statistics.median(s)) for name, s in seconds.items()}
+
+
+def _tokens(out) -> list[int]:
+  n = int(out.num_generated_B[0])
+  return np.asarray(out.tokens_BxN[0, :n]).tolist()
 
 
 def main() -> None:
   enable_compilation_cache()
+  from asd_jax.bench_prompts import load_prompts
   from models.drafter_folder import KNOWN_DRAFTERS
   from models.drafter_setup import setup_drafter
+  from models.lm_fns import decoder_fns
   from models.load import DEFAULT_TARGET, load_decoder
   from models.tokenizer import encode_chat, eos_token_ids, load_tokenizer
 
@@ -52,51 +67,76 @@ def main() -> None:
   print(f"loaded {DEFAULT_TARGET} ({target.cfg.num_layers} layers, vocab "
         f"{target.cfg.vocab_size}) in {time.perf_counter() - t0:.1f} s on {jax.default_backend()}")
   eos = eos_token_ids(tokenizer, target.hf_config)
+  prompts = load_prompts((SUITE,), NUM_PROMPTS)
   draft = next((d for d in DRAFTERS if d in KNOWN_DRAFTERS), None)
-  # K=2: the cost model of the standalone drafter (scripts/distill_standalone_drafter.py) favours it.
-  setup = setup_drafter(draft, target, k=2) if draft else None
-  if setup is None:
+  setups = {}  # short label (the drafter's name without the target's prefix) -> setup
+  if draft:
+    setups[f"{draft.removeprefix(DEFAULT_TARGET + '-')} K={DRAFTER_K}"] = setup_drafter(
+        draft, target, k=DRAFTER_K)
+  else:
     print("no shipped drafter found; the n-gram drafter only")
-  ngram = setup_drafter(NGRAM[0], target, k=NGRAM[1], target_name=DEFAULT_TARGET)
-  from models.lm_fns import decoder_fns
+  setups[f"{NGRAM[0]} K={NGRAM[1]}"] = setup_drafter(NGRAM[0], target, k=NGRAM[1],
+                                                      target_name=DEFAULT_TARGET)
   plain_fns, plain_params = decoder_fns(target.model)  # no hidden states: the honest baseline
 
-  streamer = setup or ngram
-  print(f"\n>>> {PROMPTS[STREAMED]}  (streamed as strict speculative decoding with "
-        f"{draft or NGRAM[0]} commits it; includes compilation)")
-  prompt, lengths = right_pad([encode_chat(tokenizer, PROMPTS[STREAMED])], bucket=64)
+  streamer_name, streamer = next(iter(setups.items()))
+  print(f"\n>>> {prompts[0].text}\n(MT-Bench question {prompts[0].prompt_id}, streamed as "
+        f"strict speculative decoding with {streamer_name} commits it; includes compilation)")
+  prompt, lengths = right_pad([encode_chat(tokenizer, prompts[0].text)], bucket=64)
   streamer.decode(streamer.target_fns, streamer.target_params, streamer.drafter,
                   streamer.params, prompt, lengths, max_new_tokens=MAX_NEW, rule="strict",
                   eos_ids=eos, stream=text_stream(tokenizer))
-  print("\n\n(now each configuration is compiled once first; timings exclude compilation)")
 
-  for prompt_text in PROMPTS:
-    prompt, lengths = right_pad([encode_chat(tokenizer, prompt_text)], bucket=64)
-    fns, params = plain_fns, plain_params
-    plain, plain_s = _timed(lambda: plain_decode(fns, params, prompt, lengths,
-                                                 max_new_tokens=MAX_NEW, eos_ids=eos))
-    n = int(plain.num_generated_B[0])
-    text = tokenizer.decode(np.asarray(plain.tokens_BxN[0, :n]).tolist(), skip_special_tokens=True)
-    print(f"\n>>> {prompt_text}\n{text}")
-    print(f"  plain          {n / plain_s:6.1f} tok/s")
-    runs = [("strict", setup, "strict"), ("asd", setup, "asd")] if setup else []
-    runs.append(("n-gram strict", ngram, "strict"))
-    for label, s, rule in runs:
-      out, dt = _timed(lambda: s.decode(s.target_fns, s.target_params, s.drafter, s.params,
-                                        prompt, lengths, max_new_tokens=MAX_NEW, rule=rule,
-                                        asd_config=PAPER, eos_ids=eos))
-      m = int(out.num_generated_B[0])
-      same = np.array_equal(np.asarray(out.tokens_BxN[0, :m]), np.asarray(plain.tokens_BxN[0, :n]))
-      summary = out.stats.summary()
-      print(f"  {label:13s}  {m / dt:6.1f} tok/s  tau {summary['tau']:.2f}  "
-            f"speedup {(m / dt) / (n / plain_s):.2f}x  same text as plain: {same}"
-            + (f"  exceptions {summary['asd_exceptions'][0]}" if rule == "asd" else ""))
-  if setup:
-    print(f"\ndrafter: {draft} ({setup.kind}, {setup.engine}, K=2); ASD preset: budget "
-          f"{PAPER.budget}, gate {PAPER.gate}, max exceptions {PAPER.max_exceptions}")
+  print(f"\n\nThe first {NUM_PROMPTS} MT-Bench questions, up to {MAX_NEW} new tokens each. "
+        f"Each configuration is compiled first, then timed {TIMED_PASSES} times in turns; "
+        "the median counts.")
+  names = ["plain"] + [f"{s} {rule}" for s in setups for rule in ("strict", "ASD paper")]
+  totals = {name: {"tokens": 0, "seconds": 0.0, "rounds": 0, "accepted": 0, "same": 0,
+                   "exceptions": 0} for name in names}
+  for p in prompts:
+    prompt, lengths = right_pad([encode_chat(tokenizer, p.text)], bucket=64)
+    runs = {"plain": lambda: plain_decode(plain_fns, plain_params, prompt, lengths,
+                                          max_new_tokens=MAX_NEW, eos_ids=eos)}
+    for label, s in setups.items():
+      for rule, name in (("strict", "strict"), ("asd", "ASD paper")):
+        runs[f"{label} {name}"] = (
+            lambda s=s, rule=rule: s.decode(s.target_fns, s.target_params, s.drafter, s.params,
+                                            prompt, lengths, max_new_tokens=MAX_NEW, rule=rule,
+                                            asd_config=PAPER, eos_ids=eos))
+    timed = _timed_interleaved(runs, TIMED_PASSES)
+    plain_tokens = _tokens(timed["plain"][0])
+    line = []
+    for name, (out, seconds) in timed.items():
+      tokens, t = _tokens(out), totals[name]
+      t["tokens"] += len(tokens)
+      t["seconds"] += seconds
+      t["same"] += tokens == plain_tokens
+      if name != "plain":
+        t["rounds"] += int(np.asarray(out.stats.rounds_B).sum())
+        t["accepted"] += int(np.asarray(out.stats.accepted_B).sum())
+        t["exceptions"] += int(np.asarray(out.stats.asd_exceptions_B).sum())
+      line.append(f"{len(tokens) / seconds:.0f}")
+    print(f"  question {p.prompt_id} ({len(plain_tokens)} tokens): tok/s " + " | ".join(
+        f"{name} {rate}" for name, rate in zip(timed, line)))
+
+  plain_rate = totals["plain"]["tokens"] / totals["plain"]["seconds"]
+  print(f"\n{'configuration':<28} {'tok/s':>7} {'tau':>5} {'vs plain':>9}  same text as plain")
+  for name, t in totals.items():
+    rate = t["tokens"] / t["seconds"]
+    tau = (t["accepted"] + t["rounds"]) / t["rounds"] if t["rounds"] else 1.0
+    same = "-" if name == "plain" else f"{t['same']}/{len(prompts)}"
+    if name.endswith("ASD paper"):
+      same += f" ({t['exceptions']} exceptions accepted)"
+    print(f"{name:<28} {rate:7.1f} {tau:5.2f} {rate / plain_rate:8.2f}x  {same}")
+  if draft:
+    shipped = next(iter(setups.values()))
+    print(f"\ndrafter: {draft} ({shipped.kind}, {shipped.engine}, K={DRAFTER_K}); "
+          f"ASD paper preset: budget {PAPER.budget}, gate {PAPER.gate}, max exceptions "
+          f"{PAPER.max_exceptions}")
   low, high = parse_ngram_name(NGRAM[0])
   print(f"n-gram drafter: {NGRAM[0]} (n = {high} down to {low} in the request, then the "
-        f"target's n-gram store; K={NGRAM[1]}), no model")
+        f"target's n-gram store; K={NGRAM[1]}), no model. On a 2-core CPU a verified token "
+        "costs arithmetic, so only a free drafter pays; see the README's profile.")
 
 
 if __name__ == "__main__":

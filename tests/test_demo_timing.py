@@ -1,8 +1,8 @@
-"""The demo times each configuration only after its warm-up call has finished."""
+"""The demo times each configuration only after its warm-up call has finished, in turns."""
 
 import time
 
-from asd_jax.demo import _timed
+from asd_jax.demo import _timed_interleaved
 
 
 class _Pending:
@@ -17,15 +17,20 @@ class _Pending:
     return self
 
 
-def test_the_warm_up_is_waited_for_before_the_timer_starts():
-  events, calls = [], 0
+def test_warm_ups_are_waited_for_and_passes_take_turns():
+  events, calls = [], {"a": 0, "b": 0}
 
-  def fn():
-    nonlocal calls
-    calls += 1
-    events.append(f"call {calls}")
-    return _Pending(events, f"call {calls}")
+  def run(name):
+    def fn():
+      calls[name] += 1
+      events.append(f"{name}{calls[name]}")
+      return _Pending(events, f"{name}{calls[name]}")
+    return fn
 
-  _, seconds = _timed(fn)
-  assert events == ["call 1", "call 1 ready", "call 2", "call 2 ready"]
-  assert 0.05 <= seconds < 1.0  # the timed call's own wait, not the warm-up's
+  timed = _timed_interleaved({"a": run("a"), "b": run("b")}, passes=2)
+  assert events == ["a1", "a1 ready", "b1", "b1 ready",   # warm-ups, each waited for
+                    "a2", "a2 ready", "b2", "b2 ready",   # timed pass 1
+                    "a3", "a3 ready", "b3", "b3 ready"]   # timed pass 2
+  for name, (output, seconds) in timed.items():
+    assert output.name == f"{name}1"                     # the warm-up's output is returned
+    assert 0.05 <= seconds < 1.0  # a timed call's own wait, not the warm-up's
