@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import functools
 import os
+import statistics
 import sys
+import time
+from typing import Callable
 
 import numpy as np
 
@@ -97,3 +100,20 @@ def text_stream(tokenizer, row: int = 0, out=None):
     shown[0] = len(text)
 
   return TokenStream(on_tokens)
+
+
+def time_interleaved(runs: dict[str, Callable], passes: int) -> tuple[dict, dict]:
+  """({name: its first call's output}, {name: median seconds of `passes` timed calls}).
+
+  Every run is called once and waited for before any timing (that call compiles; dispatch is
+  asynchronous, so a warm-up still running would be timed with the call after it), then the
+  runs are timed in turns, so a change in the machine's load hits every one alike."""
+  import jax
+  outputs = {name: jax.block_until_ready(run()) for name, run in runs.items()}
+  seconds = {name: [] for name in runs}
+  for _ in range(passes):
+    for name, run in runs.items():
+      start = time.perf_counter()
+      jax.block_until_ready(run())
+      seconds[name].append(time.perf_counter() - start)
+  return outputs, {name: statistics.median(s) for name, s in seconds.items()}

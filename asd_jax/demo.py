@@ -11,15 +11,14 @@ tau and the speedup over plain decoding measured in this run.
 
 from __future__ import annotations
 
-import statistics
 import time
-from typing import Callable
 
 import jax
 import numpy as np
 
 from asd_jax.asd_config import PAPER
-from asd_jax.cli_common import enable_compilation_cache, right_pad, text_stream
+from asd_jax.cli_common import (enable_compilation_cache, right_pad, text_stream,
+                                time_interleaved)
 from asd_jax.ngram_drafter import parse_ngram_name
 from asd_jax.plain_decode import plain_decode
 
@@ -31,20 +30,6 @@ DRAFTER_K = 2  # the cost model of the standalone drafter (scripts/distill_stand
 # The model-free drafter with the target's n-gram store, at the K of the README's fastest
 # lossless row.
 NGRAM = ("ngram+store", 5)
-
-
-def _timed_interleaved(runs: dict[str, Callable], passes: int) -> dict[str, tuple]:
-  """{name: (output, median seconds)}: each run is compiled and waited for, then timed in
-  `passes` rounds of turns. Dispatch is asynchronous: a warm-up still running would be timed
-  with the call after it."""
-  outputs = {name: jax.block_until_ready(run()) for name, run in runs.items()}
-  seconds = {name: [] for name in runs}
-  for _ in range(passes):
-    for name, run in runs.items():
-      t0 = time.perf_counter()
-      jax.block_until_ready(run())
-      seconds[name].append(time.perf_counter() - t0)
-  return {name: (outputs[name], statistics.median(s)) for name, s in seconds.items()}
 
 
 def _tokens(out) -> list[int]:
@@ -103,10 +88,11 @@ def main() -> None:
             lambda s=s, rule=rule: s.decode(s.target_fns, s.target_params, s.drafter, s.params,
                                             prompt, lengths, max_new_tokens=MAX_NEW, rule=rule,
                                             asd_config=PAPER, eos_ids=eos))
-    timed = _timed_interleaved(runs, TIMED_PASSES)
-    plain_tokens = _tokens(timed["plain"][0])
+    outputs, medians = time_interleaved(runs, TIMED_PASSES)
+    plain_tokens = _tokens(outputs["plain"])
     line = []
-    for name, (out, seconds) in timed.items():
+    for name, out in outputs.items():
+      seconds = medians[name]
       tokens, t = _tokens(out), totals[name]
       t["tokens"] += len(tokens)
       t["seconds"] += seconds
@@ -117,7 +103,7 @@ def main() -> None:
         t["exceptions"] += int(np.asarray(out.stats.asd_exceptions_B).sum())
       line.append(f"{len(tokens) / seconds:.0f}")
     print(f"  question {p.prompt_id} ({len(plain_tokens)} tokens): tok/s " + " | ".join(
-        f"{name} {rate}" for name, rate in zip(timed, line)))
+        f"{name} {rate}" for name, rate in zip(outputs, line)))
 
   plain_rate = totals["plain"]["tokens"] / totals["plain"]["seconds"]
   print(f"\n{'configuration':<28} {'tok/s':>7} {'tau':>5} {'vs plain':>9}  same text as plain")

@@ -3,15 +3,12 @@
 `token0_drafter` always proposes token 0, so a chain round commits one token and costs the
 verification of K + 1 tokens plus the loop's bookkeeping. `loop_runs` builds a plain decode
 and one such round loop per K on a fixed request (180 random prompt ids, capacity 448);
-`time_interleaved` compiles every run once and times them in turns, so a change in the
-machine's load hits every configuration alike. Used by scripts/time_decode_loop.py,
+asd_jax.cli_common.time_interleaved times them in turns. Used by scripts/time_decode_loop.py,
 scripts/simulate_ngram_widths.py (the width cost table) and scripts/profile_round.py.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
 from typing import Callable
 
 import jax
@@ -48,16 +45,3 @@ def loop_runs(fns, params, ks, new_tokens: int = 96) -> dict[int, Callable[[], j
         fns, params, d, None, prompt, lengths, max_new_tokens=new_tokens,
         capacity=CAPACITY).tokens_BxN
   return runs
-
-
-def time_interleaved(runs: dict, reps: int) -> tuple[dict, dict]:
-  """({name: first output as numpy}, {name: median seconds per call}); the first call of each
-  run compiles and is not timed."""
-  outputs = {name: np.asarray(run()) for name, run in runs.items()}
-  times = {name: [] for name in runs}
-  for _ in range(reps):
-    for name, run in runs.items():
-      start = time.perf_counter()
-      jax.block_until_ready(run())
-      times[name].append(time.perf_counter() - start)
-  return outputs, {name: statistics.median(t) for name, t in times.items()}

@@ -164,7 +164,8 @@ def decode_answers(target, suites, num_prompts, max_new_tokens, batch):
 
 def loop_cost(target, max_k, n=96, reps=3):
   """{width: ms per round / ms per plain step} in the real loops (width 0: a plain step)."""
-  from scripts.decode_loop_timing import loop_runs, time_interleaved
+  from asd_jax.cli_common import time_interleaved
+  from scripts.decode_loop_timing import loop_runs
   fns, params, _, _ = load_target(target)
   _, med = time_interleaved(loop_runs(fns, params, range(1, max_k + 1), new_tokens=n), reps)
   return {k: v / med[0] for k, v in med.items()}

@@ -19,7 +19,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from models.lm_fns import decoder_fns  # noqa: E402
 from models.load import load_decoder  # noqa: E402
-from scripts.decode_loop_timing import loop_runs, time_interleaved  # noqa: E402
+from asd_jax.cli_common import time_interleaved  # noqa: E402
+from scripts.decode_loop_timing import loop_runs  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -1,8 +1,9 @@
-"""The demo times each configuration only after its warm-up call has finished, in turns."""
+"""The demo (and the timing scripts) time each configuration only after its warm-up call has
+finished, in turns."""
 
 import time
 
-from asd_jax.demo import _timed_interleaved
+from asd_jax.cli_common import time_interleaved
 
 
 class _Pending:
@@ -27,10 +28,10 @@ def test_warm_ups_are_waited_for_and_passes_take_turns():
       return _Pending(events, f"{name}{calls[name]}")
     return fn
 
-  timed = _timed_interleaved({"a": run("a"), "b": run("b")}, passes=2)
+  outputs, seconds = time_interleaved({"a": run("a"), "b": run("b")}, passes=2)
   assert events == ["a1", "a1 ready", "b1", "b1 ready",   # warm-ups, each waited for
                     "a2", "a2 ready", "b2", "b2 ready",   # timed pass 1
                     "a3", "a3 ready", "b3", "b3 ready"]   # timed pass 2
-  for name, (output, seconds) in timed.items():
-    assert output.name == f"{name}1"                     # the warm-up's output is returned
-    assert 0.05 <= seconds < 1.0  # a timed call's own wait, not the warm-up's
+  for name in "ab":
+    assert outputs[name].name == f"{name}1"               # the warm-up's output is returned
+    assert 0.05 <= seconds[name] < 1.0  # a timed call's own wait, not the warm-up's
