@@ -75,9 +75,7 @@ def main() -> None:
   print(f"\n\nThe first {NUM_PROMPTS} MT-Bench questions, up to {MAX_NEW} new tokens each. "
         f"Each configuration is compiled first, then timed {TIMED_PASSES} times in turns; "
         "the median counts.")
-  names = ["plain"] + [f"{s} {rule}" for s in setups for rule in ("strict", "ASD paper")]
-  totals = {name: {"tokens": 0, "seconds": 0.0, "rounds": 0, "accepted": 0, "same": 0,
-                   "exceptions": 0} for name in names}
+  totals: dict[str, dict] = {}  # per configuration, summed over the prompts
   for p in prompts:
     prompt, lengths = right_pad([encode_chat(tokenizer, p.text)], bucket=64)
     runs = {"plain": lambda: plain_decode(plain_fns, plain_params, prompt, lengths,
@@ -93,7 +91,9 @@ def main() -> None:
     line = []
     for name, out in outputs.items():
       seconds = medians[name]
-      tokens, t = _tokens(out), totals[name]
+      tokens = _tokens(out)
+      t = totals.setdefault(name, {"tokens": 0, "seconds": 0.0, "rounds": 0, "accepted": 0,
+                                   "same": 0, "exceptions": 0})
       t["tokens"] += len(tokens)
       t["seconds"] += seconds
       t["same"] += tokens == plain_tokens
