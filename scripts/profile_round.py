@@ -44,7 +44,7 @@ def loop_ms(fns, params, n: int, reps: int) -> dict[str, tuple[float, float]]:
   from asd_jax.ngram_drafter import ngram_drafter
   from scripts.decode_loop_timing import token0_drafter
   from asd_jax.plain_decode import plain_decode
-  from asd_jax.spec_decode import asd_decode
+  from asd_jax.spec_decode import asd_decode, required_capacity
 
   k = 3
   rng = np.random.RandomState(0)
@@ -58,14 +58,20 @@ def loop_ms(fns, params, n: int, reps: int) -> dict[str, tuple[float, float]]:
     return token0_drafter(k, fns.vocab_size, name=f"zeros{verify}", draft_length=None if verify
                           else (lambda state: jnp.zeros((prompt.shape[0],), jnp.int32)))
 
+  # One cache size for every loop (attention and the cache's buffers cost by capacity), and
+  # per-step times over the forwards after the prefill in both: the prefill made the first
+  # token, and its cost is in every loop's total alike.
+  capacity = required_capacity(prompt.shape[1], n, k)
+
   def plain():
-    out = plain_decode(fns, params, prompt, lengths, max_new_tokens=n)
-    return out.tokens_BxN, n, n   # (output, steps, tokens those steps produced)
+    out = plain_decode(fns, params, prompt, lengths, max_new_tokens=n, capacity=capacity)
+    return out.tokens_BxN, n - 1, n - 1   # (output, steps, tokens those steps produced)
 
   def chain(drafter):
     def run():
-      out = asd_decode(fns, params, drafter, None, prompt, lengths, max_new_tokens=n)
-      return out.tokens_BxN, out.stats.rounds_B[0], n - 1  # prefill made the first token
+      out = asd_decode(fns, params, drafter, None, prompt, lengths, max_new_tokens=n,
+                       capacity=capacity)
+      return out.tokens_BxN, out.stats.rounds_B[0], n - 1
     return run
 
   setups = {"plain step": plain, f"chain K={k} round, n-gram drafter": chain(
