@@ -1,4 +1,5 @@
-"""Shared plumbing for the command-line tools: errors as one line, JAX setup, prompt encoding."""
+"""Shared plumbing for the command-line tools: errors as one line, JAX setup, prompt encoding,
+interleaved timing of warmed-up runs."""
 
 from __future__ import annotations
 
