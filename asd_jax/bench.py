@@ -94,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="comma-separated drafters (names, folders, 'ngram[:MIN-MAX][+store]' or "
                     "'self'), each optionally NAME@K for its own chain length")
   spec.add_argument("--k", type=int, default=4, help="chain block length K (default 4)")
-  spec.add_argument("--tree", help="DEPTH,TOPK,NODES: also run tree rows")
+  spec.add_argument("--tree", help="DEPTH,TOPK,NODES: also run tree rows (for every drafter "
+                    "but the n-gram ones, which draft chains only)")
   spec.add_argument("--no-chain", action="store_true", help="tree rows only")
   suite = p.add_argument_group("--mode spec / suite (suite turns all of these on)")
   suite.add_argument("--asd-budgets", metavar="B,B,...",
@@ -152,24 +153,23 @@ def spec_runners(args, calibrated=None) -> dict[str, RowRunner]:
 
   Per drafter and shape: strict, ASD paper; for the first drafter's first shape also ASD
   calibrated (with `calibrated`, an ASDConfig; chain only) and the --asd-budgets sweep.
+  --tree adds tree rows for the drafters that draft trees; an n-gram drafter drafts chains
+  only, so it keeps its chain rows (a suite can name it next to tree drafters).
   """
   from asd_jax.bench_spec_rows import row_name, spec_row
   from asd_jax.bench_suite import budget_preset, parse_budgets
-  from asd_jax.draft_tree import TreeShape
-  tree = TreeShape.parse(args.tree) if args.tree else None
-  shapes = ([] if args.no_chain else [None]) + ([tree] if tree else [])
-  if not shapes:
-    raise ValueError("--no-chain needs --tree")
+  shapes = row_shapes(args)
   sweep = [budget_preset(b) for b in parse_budgets(args.asd_budgets)]
   runners = {}
   entries = drafts(args)
   first = entries[0]
   for draft, k in entries:
-    for shape in shapes:
+    own_shapes = drafter_shapes(draft, shapes)
+    for shape in own_shapes:
       for rule in ("strict", "asd"):
         runners[row_name(draft, shape, k, rule, "paper")] = spec_row(
             draft, k=k, tree=shape, rule=rule)
-      first_chain = shape is shapes[0] and (draft, k) == first
+      first_chain = shape is own_shapes[0] and (draft, k) == first
       presets = list(sweep) if first_chain else []
       if calibrated is not None and shape is None and (draft, k) == first:
         presets.insert(0, ("calibrated", calibrated))
@@ -177,6 +177,30 @@ def spec_runners(args, calibrated=None) -> dict[str, RowRunner]:
         runners[row_name(draft, shape, k, "asd", preset)] = spec_row(
             draft, k=k, tree=shape, rule="asd", asd_config=cfg, preset=preset)
   return runners
+
+
+def row_shapes(args) -> list:
+  """The shapes --tree / --no-chain ask for: None (the chain) and/or a TreeShape."""
+  from asd_jax.draft_tree import TreeShape
+  tree = TreeShape.parse(args.tree) if args.tree else None
+  shapes = ([] if args.no_chain else [None]) + ([tree] if tree else [])
+  if not shapes:
+    raise ValueError("--no-chain needs --tree")
+  return shapes
+
+
+def drafter_shapes(draft: str, shapes: list) -> list:
+  """`shapes` less the trees when `draft` is an n-gram drafter, which drafts chains only."""
+  if all(s is None for s in shapes):
+    return shapes
+  from models.drafter_setup import infer_kind
+  if infer_kind(draft) != "ngram":
+    return shapes
+  chains = [s for s in shapes if s is None]
+  if not chains:
+    raise ValueError(f"--draft {draft}: the n-gram drafter drafts chains only, so --no-chain "
+                     "leaves it no rows; drop it or --no-chain")
+  return chains
 
 
 def drafts(args) -> list[tuple[str, int]]:
@@ -219,7 +243,9 @@ def _check_args(args) -> tuple[str, ...]:
     if value <= 0:
       raise ValueError(f"{flag} must be positive, got {value}")
   if args.mode in ("spec", "suite"):
-    drafts(args)  # a malformed --draft fails before the model loads
+    shapes = row_shapes(args)   # a malformed --draft or --tree fails before the model loads
+    for draft, _ in drafts(args):
+      drafter_shapes(draft, shapes)
   return suites
 
 

@@ -41,10 +41,14 @@ def test_bad_budget_flag_is_a_one_line_error(capsys):
 
 @pytest.mark.parametrize("draft,message", [("ngram@x", "must be K, an integer"),
                                            ("ngram@0", "K must be positive"),
-                                           (",", "names no drafter")])
+                                           (",", "names no drafter"),
+                                           ("ngram --tree 2,2,3 --no-chain",
+                                            "drafts chains only"),
+                                           ("ngram --no-chain", "--no-chain needs --tree"),
+                                           ("ngram --tree 2,x,3", "--tree")])
 def test_bad_draft_entries_are_one_line_errors(draft, message, capsys):
   with pytest.raises(SystemExit) as e:
-    bench.main(["--mode", "spec", "--draft", draft])
+    bench.main(["--mode", "spec", "--draft", *draft.split()])
   assert e.value.code == 2 and message in capsys.readouterr().err
 
 
@@ -266,9 +270,9 @@ def test_suite_end_to_end_on_a_tiny_pair(tiny_target, tiny_drafter, tmp_path, ca
   pytest.importorskip("transformers")
   out = tmp_path / "suite.json"
   bench.main(["--mode", "suite", "--target", str(tiny_target), "--draft",
-              f"{tiny_drafter},ngram@3", "--k", "2", "--num-prompts", "2", "--max-new-tokens", "6", "--asd-budgets",
-              "0,4", "--calibrate-prompts", "2", "--quality-max-new-tokens", "8",
-              "--json", str(out)])
+              f"{tiny_drafter},ngram@3", "--k", "2", "--tree", "2,2,3", "--num-prompts", "2",
+              "--max-new-tokens", "6", "--asd-budgets", "0,4", "--calibrate-prompts", "2",
+              "--quality-max-new-tokens", "8", "--json", str(out)])
   assert "gain_vs_strict" in capsys.readouterr().out
   report = json.loads(out.read_text())
   rows = {r["name"]: r for r in report["rows"]}
@@ -276,7 +280,9 @@ def test_suite_end_to_end_on_a_tiny_pair(tiny_target, tiny_drafter, tmp_path, ca
   expected = ["ours_plain_greedy", "transformers_generate_greedy",
               f"transformers_assisted_{tiny_drafter.name}", f"{d}_chain_k2_strict", f"{d}_chain_k2_asd_paper",
               f"{d}_chain_k2_asd_calibrated", f"{d}_chain_k2_asd_b0", f"{d}_chain_k2_asd_b4",
-              "ngram_chain_k3_strict", "ngram_chain_k3_asd_paper"]   # NAME@K: its own K
+              f"{d}_tree2x2x3_strict", f"{d}_tree2x2x3_asd_paper",
+              # NAME@K: its own K; the n-gram drafter drafts chains only, so no tree rows
+              "ngram_chain_k3_strict", "ngram_chain_k3_asd_paper"]
   assert list(rows) == expected
   assert rows["ngram_chain_k3_strict"]["differs_from_strict"] == 0.0
   for row in rows.values():   # fixed workload: every row generates exactly 6 tokens per prompt
@@ -291,10 +297,14 @@ def test_suite_end_to_end_on_a_tiny_pair(tiny_target, tiny_drafter, tmp_path, ca
   assert rows[f"{d}_chain_k2_asd_calibrated"]["asd_config"]["budget"] == calib["budget"]
   assert [t["asd_row"] for t in cfg["protocol"]] == [f"{d}_chain_k2_asd_paper",
                                                      f"{d}_chain_k2_asd_calibrated",
+                                                     f"{d}_tree2x2x3_asd_paper",
                                                      "ngram_chain_k3_asd_paper"]
   assert all(len(t["passes"]) == 3 for t in cfg["protocol"])
   asd = rows[f"{d}_chain_k2_asd_paper"]
   assert asd["gain_vs_strict"] is not None and asd["protocol"]["drift_tol"] == 0.03
+  tree = rows[f"{d}_tree2x2x3_strict"]
+  assert tree["engine"] == "tree" and tree["tree"] == [2, 2, 3]
+  assert tree["differs_from_strict"] == 0.0 and tree["match_share"] == 1.0   # lossless
   strict = rows[f"{d}_chain_k2_strict"]
   assert strict["differs_from_strict"] == 0.0 and rows[f"{d}_chain_k2_asd_b0"][
       "differs_from_strict"] == 0.0   # budget 0 is strict
