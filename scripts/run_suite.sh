@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark suite behind the README's suite table and plots (docs/bench/*.png).
 #
-#   scripts/run_suite.sh            # the CPU run in the README (see ARGS below; ~100 min, 2 cores)
+#   scripts/run_suite.sh            # the CPU run in the README (see ARGS below; ~2.5 h on 2 cores)
 #   SIZE=full scripts/run_suite.sh  # issue #8's full workload: 80 MT-Bench + 164 HumanEval
 #                                   # prompts, 256 new tokens (hours on a CPU; use an accelerator)
 #
