@@ -190,11 +190,11 @@ def row_shapes(args) -> list:
 
 
 def drafter_shapes(draft: str, shapes: list) -> list:
-  """`shapes` less the trees when `draft` is an n-gram drafter, which drafts chains only."""
+  """`shapes` less the trees when `draft` drafts chains only (an n-gram drafter)."""
   if all(s is None for s in shapes):
     return shapes
-  from models.drafter_setup import infer_kind
-  if infer_kind(draft) != "ngram":
+  from models.drafter_setup import CHAIN_ONLY_KINDS, infer_kind
+  if infer_kind(draft) not in CHAIN_ONLY_KINDS:
     return shapes
   chains = [s for s in shapes if s is None]
   if not chains:

@@ -25,6 +25,7 @@ from models.load import LoadedModel
 from models.lm_fns import decoder_fns
 
 KINDS = ("standalone", "eagle3", "medusa", "ngram")
+CHAIN_ONLY_KINDS = frozenset({"ngram"})  # kinds with no tree drafter: setup_drafter refuses a tree
 
 
 @dataclasses.dataclass
