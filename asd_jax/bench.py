@@ -111,6 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "training-style prompts (for evals over whole suites)")
   suite.add_argument("--protocol", action=argparse.BooleanOptionalAction,
                      help="strict -> ASD -> strict passes for the ASD gain vs strict")
+  suite.add_argument("--protocol-schedule", choices=("interleaved", "whole-pass"),
+                     default="interleaved",
+                     help="interleaved (default): strict, ASD, strict take turns batch by "
+                          "batch, so every pass sees the same background load; whole-pass: "
+                          "each pass decodes every batch before the next starts")
   suite.add_argument("--drift-tol", type=float, default=0.03,
                      help="flag a protocol triple whose strict passes differ by more (0.03)")
   suite.add_argument("--quality", action=argparse.BooleanOptionalAction,
@@ -276,7 +281,8 @@ def config_dict(args, suites: tuple[str, ...], rows: tuple[str, ...]) -> dict:
           "draft": args.draft, "k": args.k, "tree": args.tree,
           "asd_budgets": args.asd_budgets, "calibrate_prompts": args.calibrate_prompts,
           "calibration_source": args.calibration_source,
-          "protocol": args.protocol, "drift_tol": args.drift_tol, "quality": args.quality,
+          "protocol": args.protocol, "protocol_schedule": args.protocol_schedule,
+          "drift_tol": args.drift_tol, "quality": args.quality,
           "quality_max_new_tokens": args.quality_max_new_tokens,
           "quality_rows": args.quality_rows,
           "calibrate_max_new_tokens": args.calibrate_max_new_tokens, "assisted": args.assisted,
@@ -358,7 +364,8 @@ def main(argv=None):
   triples = []
   if args.protocol:
     print(bench_report.format_table(table_rows), file=sys.stderr)
-    triples = bench_suite.run_protocols(ctx, prepared, table_rows, args.drift_tol)
+    triples = bench_suite.run_protocols(ctx, prepared, table_rows, args.drift_tol,
+                                        args.protocol_schedule)
     config["protocol"] = triples
     save("protocol")
   if args.mode in ("spec", "suite"):

@@ -160,7 +160,12 @@ def format_protocol_gains(triples: Sequence[dict]) -> str:
     line = f"protocol {t['asd_row']} vs {t['strict_row']}: tokens/s {gain}"
     if t.get("wall_gain") is not None:
       line += f", speed per whole answer {t['wall_gain']:+.1%}"
-    line += f" (strict drift {t['drift']:.1%}{', flagged' if t['drift_flag'] else ''})"
+      if t.get("wall_gain_ci95"):
+        low, high = t["wall_gain_ci95"]
+        line += f" (95% CI {low:+.1%} to {high:+.1%} over prompts)"
+    schedule = f"{t['schedule']}, " if t.get("schedule") else ""
+    line += (f" ({schedule}strict drift {t['drift']:.1%}"
+             f"{', flagged' if t['drift_flag'] else ''})")
     lines.append(line)
   return "\n".join(lines)
 

@@ -7,7 +7,8 @@ Order of a run (`python -m asd_jax.bench --mode suite`):
    frozen into the calibrated rows and recorded in config["asd_calibration"];
 2. the speed rows, taking turns batch by batch (asd_jax.bench_rows.run_rows), fixed workload;
 3. the protocol triples per (drafter, chain/tree): strict, ASD paper, strict, ASD calibrated,
-   strict, whole passes; gain and drift go into the ASD rows, raw passes into config["protocol"];
+   strict, taking turns batch by batch (--protocol-schedule whole-pass: whole passes); gain
+   and drift go into the ASD rows, raw passes into config["protocol"];
 4. quality: target NLL of every row's outputs and the share differing from strict; with
    --quality, a second, natural-EOS run of our rows (--quality-max-new-tokens) that also runs
    HumanEval's tests (pass@1). The table's nll / differs / pass@1 columns come from that run.
@@ -105,7 +106,7 @@ def protocol_groups(table_rows: Sequence[dict]) -> list[tuple[str, list[str]]]:
 
 
 def run_protocols(ctx: BenchContext, prepared: Sequence[PreparedRow], table_rows: list[dict],
-                  drift_tol: float) -> list[dict]:
+                  drift_tol: float, schedule: str = "interleaved") -> list[dict]:
   """Runs the protocol for every group; writes gain/drift into the ASD rows; returns triples."""
   from asd_jax.bench_protocol import run_protocol
   by_name = {p.name: p for p in prepared}
@@ -113,7 +114,7 @@ def run_protocols(ctx: BenchContext, prepared: Sequence[PreparedRow], table_rows
   triples = []
   for strict, asd_names in protocol_groups(table_rows):
     for t in run_protocol(ctx, by_name[strict], [by_name[n] for n in asd_names], drift_tol,
-                          progress=ctx.progress):
+                          progress=ctx.progress, schedule=schedule):
       rows[t["asd_row"]]["gain_vs_strict"] = t["gain"]
       rows[t["asd_row"]]["drift"] = f"{t['drift']:.1%}" + ("!" if t["drift_flag"] else "")
       rows[t["asd_row"]]["protocol"] = {k: v for k, v in t.items() if k != "passes"}

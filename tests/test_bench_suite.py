@@ -6,6 +6,7 @@ import dataclasses
 import importlib.util
 import json
 import sys
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -93,10 +94,65 @@ def test_protocol_runs_strict_between_every_asd_preset():
   ctx = BenchContext(target="t", tokenizer=None, batches=make_batches(
       [("s", [1]), ("s", [2])], batch_size=1), max_new_tokens=3, eos_ids=(), batch_size=1,
       repeats=1)
-  triples = bench_protocol.run_protocol(ctx, row("S"), [row("A1"), row("A2")])
+  triples = bench_protocol.run_protocol(ctx, row("S"), [row("A1"), row("A2")],
+                                       schedule="whole-pass")
   assert calls == ["S", "S", "A1", "A1", "S", "S", "A2", "A2", "S", "S"]
   assert [t["asd_row"] for t in triples] == ["A1", "A2"]
   assert all(p["new_tokens"] == 6 for t in triples for p in t["passes"])
+  assert all(t["schedule"] == "whole-pass" for t in triples)
+
+  # The default takes turns batch by batch in the same order; each pass still covers both
+  # batches, and the shared strict pass between A1 and A2 belongs to both triples.
+  calls.clear()
+  triples = bench_protocol.run_protocol(ctx, row("S"), [row("A1"), row("A2")])
+  assert calls == ["S", "A1", "S", "A2", "S"] * 2
+  assert [t["schedule"] for t in triples] == ["interleaved"] * 2
+  assert all(p["new_tokens"] == 6 and len(p["batch_wall_s"]) == 2
+             for t in triples for p in t["passes"])
+  assert triples[0]["passes"][2] is triples[1]["passes"][0]
+  with pytest.raises(ValueError, match="schedule"):
+    bench_protocol.run_protocol(ctx, row("S"), [row("A1")], schedule="shuffled")
+
+
+def test_interleaved_passes_time_each_row_on_each_batch():
+  # Fake clock: each call advances it by its row's cost times the batch's token count.
+  clock = [0.0]
+  cost = {"S": 1.0, "A": 0.5}
+
+  def row(name):
+    def run(batch):
+      clock[0] += cost[name] * len(batch.rows[0])
+      return BatchOutput([[7] * 4])
+    return PreparedRow(name, run, warmup=lambda batches: None)
+
+  ctx = BenchContext(target="t", tokenizer=None, batches=make_batches(
+      [("s", [1]), ("s", [2, 3, 4])], batch_size=1), max_new_tokens=4, eos_ids=(),
+      batch_size=1, repeats=1)
+  with mock.patch.object(bench_protocol.time, "perf_counter", lambda: clock[0]):
+    s1, a, s2 = bench_protocol.interleaved_passes(ctx, [row("S"), row("A"), row("S")])
+  assert s1["batch_wall_s"] == [1.0, 3.0] and a["batch_wall_s"] == [0.5, 1.5]
+  assert s1 == s2 and a["wall_s"] == 2.0 and a["tokens_per_s"] == 4.0
+  t = bench_protocol.triple_summary(s1, a, s2)
+  assert t["gain"] == pytest.approx(1.0) and t["wall_gain"] == pytest.approx(1.0)
+  # ASD is exactly twice as fast on every batch, so every bootstrap resample says +100%.
+  assert t["wall_gain_ci95"] == [1.0, 1.0]
+  t["schedule"] = "interleaved"
+  assert bench_report.format_protocol_gains([t]) == (
+      "protocol A vs S: tokens/s +100.0%, speed per whole answer +100.0% (95% CI +100.0% to "
+      "+100.0% over prompts) (interleaved, strict drift 0.0%)")
+
+
+def test_wall_gain_interval_brackets_the_gain_and_needs_batch_times():
+  s = {"row": "s", "tokens_per_s": 1.0, "wall_s": 10.0,
+       "batch_wall_s": [1.0, 2.0, 3.0, 4.0]}
+  a = {"row": "a", "tokens_per_s": 1.1, "wall_s": 9.1,
+       "batch_wall_s": [0.8, 2.1, 2.5, 3.7]}
+  low, high = bench_protocol.wall_gain_interval(s, a, s)
+  gain = bench_protocol.triple_summary(s, a, s)["wall_gain"]
+  assert low < gain < high and low < 0.2 and high < 0.3
+  assert bench_protocol.wall_gain_interval(s, a, s) == [low, high]   # seeded
+  assert bench_protocol.wall_gain_interval({"tokens_per_s": 1.0}, a, s) is None
+  assert bench_protocol.wall_gain_interval(s, dict(a, batch_wall_s=[1.0]), s) is None
 
 
 def test_protocol_groups_pair_asd_presets_with_their_strict_row():
@@ -300,6 +356,10 @@ def test_suite_end_to_end_on_a_tiny_pair(tiny_target, tiny_drafter, tmp_path, ca
                                                      f"{d}_tree2x2x3_asd_paper",
                                                      "ngram_chain_k3_asd_paper"]
   assert all(len(t["passes"]) == 3 for t in cfg["protocol"])
+  # Interleaved by default: every pass has a time per batch (4 prompts, batch size 1).
+  assert cfg["protocol_schedule"] == "interleaved"
+  assert all(t["schedule"] == "interleaved" and len(p["batch_wall_s"]) == 4
+             for t in cfg["protocol"] for p in t["passes"])
   asd = rows[f"{d}_chain_k2_asd_paper"]
   assert asd["gain_vs_strict"] is not None and asd["protocol"]["drift_tol"] == 0.03
   tree = rows[f"{d}_tree2x2x3_strict"]
