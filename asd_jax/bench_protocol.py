@@ -21,6 +21,7 @@ Each pass keeps its per-batch wall times (`batch_wall_s`) for paired statistics.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Sequence
 
@@ -156,3 +157,18 @@ def run_protocol(ctx: BenchContext, strict: PreparedRow, asd_rows: Sequence[Prep
   for t in triples:
     t["schedule"] = schedule
   return triples
+
+
+def chance_drift(per_call_cv: float, batches: int, drift_tol: float = DRIFT_TOL) -> dict:
+  """What per-call timing noise alone does to the drift check.
+
+  With independent noise of coefficient of variation `per_call_cv` on every call of roughly
+  equal cost, a pass over `batches` calls has a relative sd of cv / sqrt(batches), and the
+  difference of two strict passes (the drift) one of sqrt(2) times that. Returns that sd and
+  the share of triples the check flags with no drift at all: P(|N(0, sd)| > drift_tol).
+  """
+  if per_call_cv < 0 or batches < 1:
+    raise ValueError(f"need per_call_cv >= 0 and batches >= 1, got {per_call_cv}, {batches}")
+  sd = math.sqrt(2.0 / batches) * per_call_cv
+  flagged = math.erfc(drift_tol / (sd * math.sqrt(2.0))) if sd > 0 else 0.0
+  return {"drift_sd": sd, "flagged_share": flagged}

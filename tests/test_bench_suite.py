@@ -5,6 +5,7 @@ tiny end-to-end `--mode suite` run (tiny random target and drafter; no timing as
 import dataclasses
 import importlib.util
 import json
+import math
 import sys
 from unittest import mock
 
@@ -153,6 +154,18 @@ def test_wall_gain_interval_brackets_the_gain_and_needs_batch_times():
   assert bench_protocol.wall_gain_interval(s, a, s) == [low, high]   # seeded
   assert bench_protocol.wall_gain_interval({"tokens_per_s": 1.0}, a, s) is None
   assert bench_protocol.wall_gain_interval(s, dict(a, batch_wall_s=[1.0]), s) is None
+
+
+def test_chance_drift_from_per_call_noise():
+  # 9% per-call noise over 20 prompts: drift sd 0.09 * sqrt(2/20) = 2.85%, so the 3% rule
+  # flags |z| > 1.054, about 29% of triples, with no drift at all.
+  c = bench_protocol.chance_drift(0.09, 20)
+  assert c["drift_sd"] == pytest.approx(0.09 * math.sqrt(0.1))
+  assert c["flagged_share"] == pytest.approx(0.2918, abs=1e-3)
+  assert bench_protocol.chance_drift(0.09, 80)["flagged_share"] < 0.05 < c["flagged_share"]
+  assert bench_protocol.chance_drift(0.0, 20) == {"drift_sd": 0.0, "flagged_share": 0.0}
+  with pytest.raises(ValueError):
+    bench_protocol.chance_drift(0.09, 0)
 
 
 def test_protocol_groups_pair_asd_presets_with_their_strict_row():
