@@ -29,6 +29,7 @@ import sys
 
 from asd_jax.asd_config import PAPER
 from asd_jax.bench_prompts import SUITES, load_prompts, parse_suites
+from asd_jax.bench_protocol import SCHEDULES
 from asd_jax.bench_rows import (BenchContext, PreparedRow, RowRunner, make_batches,
                                ours_plain_greedy, run_rows)
 from asd_jax.cli_common import enable_compilation_cache, run_cli
@@ -111,8 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "training-style prompts (for evals over whole suites)")
   suite.add_argument("--protocol", action=argparse.BooleanOptionalAction,
                      help="strict -> ASD -> strict passes for the ASD gain vs strict")
-  suite.add_argument("--protocol-schedule", choices=("interleaved", "whole-pass"),
-                     default="interleaved",
+  suite.add_argument("--protocol-schedule", choices=SCHEDULES, default=SCHEDULES[0],
                      help="interleaved (default): strict, ASD, strict take turns batch by "
                           "batch, so every pass sees the same background load; whole-pass: "
                           "each pass decodes every batch before the next starts")

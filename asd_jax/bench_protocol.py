@@ -13,10 +13,12 @@ Two schedules run that order:
 - "interleaved" (default): the order S A1 S A2 S runs batch by batch, and each pass's time is
   summed over the batches. Every pass still decodes the same work in the same order relative
   to the others, but the passes see the same background load. On a shared VM whole passes of
-  identical work drifted 5-12% apart (README, the AMD suite run), so most whole-pass triples
-  were discarded; the drift check stays, and now measures what it is meant to: whether strict
-  is stable, not whether the neighbours were busy.
-Each pass keeps its per-batch wall times (`batch_wall_s`) for paired statistics.
+  identical work drifted 5-12% apart (README, the AMD suite run); interleaved, 0.1-1.2% for
+  the same drafters.
+Interleaving removes slow drift, not the noise of single calls (9% CV back to back on that
+VM): over P prompts that noise alone sets the drift's sd at sqrt(2/P) * CV (`chance_drift`;
+scripts/timing_noise.py measures the CV). So each pass keeps its per-batch wall times
+(`batch_wall_s`), and each triple gets a bootstrap interval of its gain over them.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from asd_jax.bench_rows import BenchContext, PreparedRow
 DRIFT_TOL = 0.03
 
 
-SCHEDULES = ("interleaved", "whole-pass")
+SCHEDULES = ("interleaved", "whole-pass")   # the first is the default
 
 
 def _timed_batch(row: PreparedRow, batch) -> tuple[float, int]:

@@ -36,9 +36,14 @@ def main(argv=None) -> int:
   args = p.parse_args(argv)
   if args.calls < 2:
     p.error(f"--calls must be at least 2 to measure a spread, got {args.calls}")
-  sizes = [int(n) for n in args.prompts.split(",")]
-  if any(n < 1 for n in sizes):
-    p.error(f"--prompts must be positive integers, got {args.prompts!r}")
+  if args.max_new_tokens < 1:
+    p.error(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
+  try:
+    sizes = [int(n) for n in args.prompts.split(",")]
+  except ValueError:
+    sizes = []
+  if not sizes or any(n < 1 for n in sizes):
+    p.error(f"--prompts must be positive integers separated by commas, got {args.prompts!r}")
 
   tokenizer = load_tokenizer(args.target)
   prompt = load_prompts(("mt_bench",), 1)[0]

@@ -168,6 +168,19 @@ def test_chance_drift_from_per_call_noise():
     bench_protocol.chance_drift(0.09, 0)
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--calls", "1"], "--calls must be at least 2"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be positive"),
+    (["--prompts", "20,x"], "--prompts must be positive integers"),
+    (["--prompts", "0"], "--prompts must be positive integers")])
+def test_timing_noise_refuses_bad_flags_before_loading(argv, message, capsys):
+  from scripts import timing_noise
+  with mock.patch.object(timing_noise, "load_tokenizer", side_effect=AssertionError("loaded")):
+    with pytest.raises(SystemExit) as exit_info:
+      timing_noise.main(argv)
+  assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_protocol_groups_pair_asd_presets_with_their_strict_row():
   def asd(name, preset):
     return {"name": name, "rule": "asd", "asd_config": {"preset": preset}}
