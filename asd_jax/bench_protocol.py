@@ -125,7 +125,7 @@ def wall_gain_interval(strict_before: dict, asd: dict, strict_after: dict,
 
 def run_protocol(ctx: BenchContext, strict: PreparedRow, asd_rows: Sequence[PreparedRow],
                  drift_tol: float = DRIFT_TOL, progress=None,
-                 schedule: str = "interleaved") -> list[dict]:
+                 schedule: str = SCHEDULES[0]) -> list[dict]:
   """S A1 S A2 ... S over ctx.batches (`schedule`: see the module doc); one triple per ASD row.
 
   The rows warm up on every prompt width first: run_rows may have released their compiled

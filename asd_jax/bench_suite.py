@@ -106,7 +106,7 @@ def protocol_groups(table_rows: Sequence[dict]) -> list[tuple[str, list[str]]]:
 
 
 def run_protocols(ctx: BenchContext, prepared: Sequence[PreparedRow], table_rows: list[dict],
-                  drift_tol: float, schedule: str = "interleaved") -> list[dict]:
+                  drift_tol: float, schedule: str) -> list[dict]:
   """Runs the protocol for every group; writes gain/drift into the ASD rows; returns triples."""
   from asd_jax.bench_protocol import run_protocol
   by_name = {p.name: p for p in prepared}

@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from asd_jax.bench_prompts import load_prompts  # noqa: E402
-from asd_jax.bench_protocol import DRIFT_TOL, chance_drift  # noqa: E402
+from asd_jax.bench_protocol import DRIFT_TOL, chance_drift, timed_pass  # noqa: E402
 from asd_jax.bench_rows import BenchContext, make_batches, ours_plain_greedy  # noqa: E402
 from models.tokenizer import encode_chat, load_tokenizer  # noqa: E402
 
@@ -48,20 +48,16 @@ def main(argv=None) -> int:
   tokenizer = load_tokenizer(args.target)
   prompt = load_prompts(("mt_bench",), 1)[0]
   ids = encode_chat(tokenizer, prompt.text)
+  # The same prompt `--calls` times: one protocol pass over identical batches, back to back.
   ctx = BenchContext(target=args.target, tokenizer=tokenizer,
-                     batches=make_batches([(prompt.suite, ids)], 1),
+                     batches=make_batches([(prompt.suite, ids)] * args.calls, 1),
                      max_new_tokens=args.max_new_tokens, eos_ids=(), batch_size=1, repeats=1)
   row = ours_plain_greedy(ctx)
   row.warmup(ctx.batches)
-  seconds = []
-  for _ in range(args.calls):
-    t0 = time.perf_counter()
-    row.run_batch(ctx.batches[0])
-    seconds.append(time.perf_counter() - t0)
+  seconds = timed_pass(ctx, row)["batch_wall_s"]
 
-  mean = sum(seconds) / len(seconds)
-  sd = (sum((s - mean) ** 2 for s in seconds) / (len(seconds) - 1)) ** 0.5
-  cv = sd / mean
+  mean = statistics.mean(seconds)
+  cv = statistics.stdev(seconds) / mean
   print("seconds per call: " + " ".join(f"{s:.3f}" for s in seconds))
   print(f"mean {mean:.3f} s, cv {cv:.1%}, slowest / fastest {max(seconds) / min(seconds):.3f}")
   print(f"{'prompts per pass':>16} {'drift sd':>9} {'flagged by ' + f'{DRIFT_TOL:.0%}':>14}")
@@ -75,7 +71,7 @@ def main(argv=None) -> int:
       json.dump({"cpus": os.cpu_count(), "load_average": os.getloadavg(),
                  "target": args.target, "prompt_id": prompt.prompt_id,
                  "prompt_tokens": len(ids), "max_new_tokens": args.max_new_tokens,
-                 "seconds": [round(s, 4) for s in seconds], "cv": round(cv, 4),
+                 "seconds": seconds, "cv": round(cv, 4),
                  "drift_by_prompts": drift}, f, indent=1)
   return 0
 
