@@ -50,13 +50,15 @@ def enable_compilation_cache() -> None:
 
 
 def parse_prompt_ids(text: str) -> list[int]:
+  fields = text.replace(" ", "").split(",")
+  if fields == [""]:
+    raise ValueError("empty prompt: --prompt-ids has no ids")
+  # An empty field ("1,,2", "1,2,") is refused rather than skipped: it is most likely an id that
+  # went missing, and dropping it would silently decode a different prompt.
   try:
-    ids = [int(x) for x in text.replace(" ", "").split(",") if x != ""]
+    return [int(x) for x in fields]
   except ValueError:
     raise ValueError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
-  if not ids:
-    raise ValueError("empty prompt: --prompt-ids has no ids")
-  return ids
 
 
 def bucketed_width(longest: int, bucket: int) -> int:

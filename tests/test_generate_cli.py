@@ -10,6 +10,8 @@ from asd_jax.generate import main
     (["--prompt", "   "], "empty prompt"),
     (["--prompt-ids", ""], "empty prompt"),
     (["--prompt-ids", "1,x"], "comma-separated integers"),
+    (["--prompt-ids", "1,,2"], "comma-separated integers"),
+    (["--prompt-ids", "1,2,"], "comma-separated integers"),
     (["--prompt", "hi", "--max-new-tokens", "0"], "--max-new-tokens must be positive"),
     (["--prompt", "hi", "--temperature", "-1"], "temperature"),
     (["--prompt", "hi", "--top-p", "0"], "top_p"),
