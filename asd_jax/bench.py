@@ -32,7 +32,7 @@ from asd_jax.bench_prompts import SUITES, load_prompts, parse_suites
 from asd_jax.bench_protocol import SCHEDULES
 from asd_jax.bench_rows import (BenchContext, PreparedRow, RowRunner, make_batches,
                                ours_plain_greedy, run_rows)
-from asd_jax.cli_common import enable_compilation_cache, run_cli
+from asd_jax.cli_common import enable_compilation_cache, run_cli, split_list_flag
 
 
 def _transformers_row(ctx: BenchContext) -> PreparedRow:
@@ -212,8 +212,10 @@ def drafts(args) -> list[tuple[str, int]]:
   """(drafter, K) per comma-separated --draft entry; 'NAME@K' overrides --k for that one."""
   if args.k <= 0:
     raise ValueError(f"--k must be positive, got {args.k}")
+  if not args.draft.strip():
+    raise ValueError("--draft names no drafter")
   out = []
-  for entry in (d for d in args.draft.split(",") if d):
+  for entry in split_list_flag(args.draft, "--draft"):
     name, _, k = entry.partition("@")
     try:
       k = int(k) if k else args.k
@@ -222,8 +224,6 @@ def drafts(args) -> list[tuple[str, int]]:
     if k <= 0:
       raise ValueError(f"--draft {entry!r}: K must be positive, got {k}")
     out.append((name, k))
-  if not out:
-    raise ValueError("--draft names no drafter")
   return out
 
 
@@ -263,7 +263,8 @@ def _quality_rows(args, rows: tuple[str, ...]) -> list[str]:
   """--quality-rows checked against the rows this run makes (before any of them runs)."""
   if args.quality_rows is None:
     return []
-  wanted = [r for r in args.quality_rows.split(",") if r]
+  text = args.quality_rows
+  wanted = split_list_flag(text, "--quality-rows") if text.strip() else []
   ours = [r for r in rows if not _other_engine(r)]
   unknown = [r for r in wanted if r not in ours]
   if unknown or not wanted:

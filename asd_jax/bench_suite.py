@@ -23,6 +23,7 @@ from typing import Any, Sequence
 from asd_jax.asd_config import PAPER, ASDConfig
 from asd_jax.bench_report import REFERENCE_ROW
 from asd_jax.bench_rows import BenchContext, PreparedRow, RowResult, run_rows
+from asd_jax.cli_common import split_list_flag
 
 
 def parse_budgets(text: str | None) -> tuple[float, ...]:
@@ -30,15 +31,14 @@ def parse_budgets(text: str | None) -> tuple[float, ...]:
   if not text:
     return ()
   out = []
-  for part in text.split(","):
-    if part.strip():
-      try:
-        b = float(part)
-      except ValueError:
-        raise ValueError(f"--asd-budgets: {part.strip()!r} is not a number") from None
-      if not b >= 0 or b == float("inf"):
-        raise ValueError(f"--asd-budgets: budgets must be finite and >= 0, got {part.strip()}")
-      out.append(b)
+  for part in split_list_flag(text, "--asd-budgets"):
+    try:
+      b = float(part)
+    except ValueError:
+      raise ValueError(f"--asd-budgets: {part!r} is not a number") from None
+    if not b >= 0 or b == float("inf"):
+      raise ValueError(f"--asd-budgets: budgets must be finite and >= 0, got {part}")
+    out.append(b)
   return tuple(dict.fromkeys(out))
 
 

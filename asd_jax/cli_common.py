@@ -49,12 +49,22 @@ def enable_compilation_cache() -> None:
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
+def split_list_flag(text: str, flag: str) -> list[str]:
+  """'a, b' -> ['a', 'b'] for a comma-separated option named `flag`.
+
+  An empty field ('a,,b', 'a,') is refused rather than skipped: it is most likely an entry that
+  went missing, and dropping it would silently run something other than what was asked."""
+  fields = [f.strip() for f in text.split(",")]
+  if "" in fields:
+    raise ValueError(f"{flag} {text!r} has an empty entry; separate entries with single commas")
+  return fields
+
+
 def parse_prompt_ids(text: str) -> list[int]:
-  fields = text.replace(" ", "").split(",")
-  if fields == [""]:
+  if not text.strip():
     raise ValueError("empty prompt: --prompt-ids has no ids")
-  # An empty field ("1,,2", "1,2,") is refused rather than skipped: it is most likely an id that
-  # went missing, and dropping it would silently decode a different prompt.
+  fields = split_list_flag(text, "--prompt-ids")
+  # int() of a field with a space inside fails, so '1 2,3' is refused rather than read as [12, 3].
   try:
     return [int(x) for x in fields]
   except ValueError:

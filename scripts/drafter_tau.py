@@ -35,6 +35,7 @@ def main(argv=None) -> int:
 
   import jax
   from asd_jax.bench_prompts import load_prompts, parse_suites
+  from asd_jax.cli_common import split_list_flag
   from asd_jax.draft_tree import TreeShape
   from models.drafter_setup import setup_drafter
   from models.load import load_decoder
@@ -47,7 +48,7 @@ def main(argv=None) -> int:
   prompts = load_prompts(parse_suites(args.suite), args.num_prompts)
   results = {"config": vars(args), "drafters": {}}
   outputs = {}
-  for draft in [d for d in args.draft.split(",") if d]:
+  for draft in split_list_flag(args.draft, "--draft"):
     setup = setup_drafter(draft, loaded, k=args.k, tree=tree)
     per_suite: dict[str, list[int]] = {}
     start = time.perf_counter()

@@ -32,7 +32,8 @@ def _private_cache(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("argv, message", [
     (["--suite", "gsm8k"], "unknown suite 'gsm8k'"),
-    (["--suite", ","], "--suite is empty"),
+    (["--suite", ""], "--suite is empty"),
+    (["--suite", "mt_bench,,humaneval"], "empty entry"),
     (["--num-prompts", "0"], "--num-prompts must be positive"),
     (["--max-new-tokens", "-3"], "--max-new-tokens must be positive"),
     (["--batch-size", "0"], "--batch-size must be positive"),

@@ -6,6 +6,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import shlex
 import sys
 from unittest import mock
 
@@ -30,7 +31,7 @@ def _private_cache(tmp_path, monkeypatch):
 def test_parse_budgets():
   assert bench_suite.parse_budgets("0,1,2.5,1") == (0.0, 1.0, 2.5)
   assert bench_suite.parse_budgets(None) == ()
-  for bad in ("1,x", "-1", "inf", "nan"):
+  for bad in ("1,x", "-1", "inf", "nan", "0,,1", "0,1,"):
     with pytest.raises(ValueError, match="--asd-budgets"):
       bench_suite.parse_budgets(bad)
 
@@ -43,14 +44,15 @@ def test_bad_budget_flag_is_a_one_line_error(capsys):
 
 @pytest.mark.parametrize("draft,message", [("ngram@x", "must be K, an integer"),
                                            ("ngram@0", "K must be positive"),
-                                           (",", "names no drafter"),
+                                           ("''", "names no drafter"),
+                                           ("ngram,,standalone", "empty entry"),
                                            ("ngram --tree 2,2,3 --no-chain",
                                             "drafts chains only"),
                                            ("ngram --no-chain", "--no-chain needs --tree"),
                                            ("ngram --tree 2,x,3", "--tree")])
 def test_bad_draft_entries_are_one_line_errors(draft, message, capsys):
   with pytest.raises(SystemExit) as e:
-    bench.main(["--mode", "spec", "--draft", *draft.split()])
+    bench.main(["--mode", "spec", "--draft", *shlex.split(draft)])
   assert e.value.code == 2 and message in capsys.readouterr().err
 
 
