@@ -89,11 +89,14 @@ def commit_round(state: RoundState, draft_BxK, verdict, max_new_B, eos_ids,
 
   live_B = ~state.done_B
   s = state.stats
+  # tau counts committed tokens: a row's last round may accept drafts past an EOS or past
+  # max_new_tokens, and those are not output, so only the committed drafts count.
+  committed_drafts_B = jnp.where(active_B, jnp.minimum(a_B, count_B), 0)
   stats = DecodeStats(
       rounds_B=s.rounds_B + live_B,
-      accepted_B=s.accepted_B + jnp.where(active_B, a_B, 0),
+      accepted_B=s.accepted_B + committed_drafts_B,
       accepted_per_position_BxK=s.accepted_per_position_BxK
-      + ((jnp.arange(k)[None] < a_B[:, None]) & active_B[:, None]),
+      + (jnp.arange(k)[None] < committed_drafts_B[:, None]),
       asd_exceptions_B=s.asd_exceptions_B + jnp.where(active_B, verdict.num_exceptions, 0),
       asd_spent_B=jnp.where(active_B, verdict.spent, s.asd_spent_B),
   )

@@ -5,6 +5,8 @@ Shape notation: B rows, K draft block length.
 tau (mean accepted length) = mean over verification rounds of (accepted draft tokens + 1):
 tokens committed per target forward, counting the recovery/bonus token (the EAGLE, SGLang and
 vLLM convention). Plain decoding has tau = 1. The batch value weights rows by their rounds.
+Accepted drafts that are not output (past an EOS or max_new_tokens in a row's last round) do
+not count.
 """
 
 from __future__ import annotations

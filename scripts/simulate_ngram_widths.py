@@ -71,11 +71,11 @@ class StoreLookup:
 def replay(answers, store, k, width_rule, cost, max_n=3, min_n=2,
            max_new_tokens: int | None = None) -> dict:
   """Strict decoding of `answers` [(prompt, output)], round by round: rounds, committed tokens,
-  accepted draft tokens (as DecodeStats counts them), summed cost in plain steps, tau, the
-  speedup vs plain decoding, and the accepted length at full K per match kind.
+  accepted draft tokens (as DecodeStats counts them: committed ones only), summed cost in plain
+  steps, tau, the speedup vs plain decoding, and the accepted length at full K per match kind.
 
   max_new_tokens stops each request there, as the engine's cap does (its last round may accept
-  draft tokens past the cap; they are checked against the rest of `output`)."""
+  draft tokens past the cap, which it neither outputs nor counts)."""
   tokens = accepted = rounds = 0
   total_cost = 0.0
   by_kind = collections.defaultdict(list)
@@ -97,7 +97,7 @@ def replay(answers, store, k, width_rule, cost, max_n=3, min_n=2,
       if kind:
         by_kind[kind].append(full)
       committed = min(min(full, width) + 1, end - pos)
-      accepted += min(full, width)
+      accepted += min(full, width, committed)
       total_cost += cost[width]
       tokens += committed
       rounds += 1

@@ -34,8 +34,8 @@ def test_replay_counts_equal_the_engine(k):
       out = asd_decode(fns, params, drafter, store.tables, prompt[row:row + 1],
                        lengths[row:row + 1], max_new_tokens=30)
       strict = np.asarray(out.tokens_BxN)[0].tolist()
-      # The last round may accept draft tokens past the cap: the replay checks them against
-      # the target's greedy continuation (these seeds have no near-tie, so strict == plain).
+      # The replay reads the target's greedy continuation past the cap, where the last round's
+      # drafts may reach (these seeds have no near-tie, so strict == plain).
       assert strict == longer[row, :30].tolist()
       answer = [(list(prompt[row, :lengths[row]]), longer[row].tolist())]
       got = replay(answer, lookup, k, rule, cost, max_new_tokens=30)

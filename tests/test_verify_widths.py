@@ -44,12 +44,13 @@ def _run(needs_B, max_new_B=None, max_new=12):
 
 @pytest.mark.parametrize("need,width", [(0, 0), (1, 1), (2, 2), (3, 4), (4, 4)])
 def test_one_row_gets_the_smallest_width_covering_its_length(need, width):
-  # Every draft token is right, so each round accepts exactly the verified width (the last
-  # round's output is cut at max_new_tokens): the first token comes from the prefill, the
-  # other 11 in rounds of width + 1.
+  # Every draft token is right, so each round accepts exactly the verified width: the first
+  # token comes from the prefill, the other 11 in rounds of width + 1. The last round's output
+  # is cut at max_new_tokens and only its committed drafts count.
   rounds, accepted = _run([need])
   assert int(rounds[0]) == -(-11 // (width + 1))
-  assert int(accepted[0]) == width * int(rounds[0])
+  last_round_tokens = 11 - (int(rounds[0]) - 1) * (width + 1)
+  assert int(accepted[0]) == width * (int(rounds[0]) - 1) + min(width, last_round_tokens)
 
 
 def test_a_batch_verifies_for_its_longest_active_row():
