@@ -6,6 +6,10 @@ import dataclasses
 import math
 import numbers
 
+# The largest values the jitted rule's float32 budget/gate and int32 counter hold.
+FLOAT32_MAX = 3.4028234663852886e38
+INT32_MAX = 2**31 - 1
+
 
 @dataclasses.dataclass(frozen=True)
 class ASDConfig:
@@ -33,16 +37,17 @@ class ASDConfig:
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"ASDConfig.{name} must be a real number, got {value!r}")
-      if not math.isfinite(value):
-        raise ValueError(f"ASDConfig.{name} must be finite, got {value!r}")
+      # The rule runs in float32: a larger value would turn into inf there, past this check.
+      if not math.isfinite(value) or abs(value) > FLOAT32_MAX:
+        raise ValueError(f"ASDConfig.{name} must be finite in float32, got {value!r}")
       if value < 0:
         raise ValueError(f"ASDConfig.{name} must be >= 0, got {value!r}")
       object.__setattr__(self, name, float(value))
     m = self.max_exceptions
     if isinstance(m, bool) or not isinstance(m, numbers.Integral):
       raise TypeError(f"ASDConfig.max_exceptions must be an int, got {m!r}")
-    if m < 0:
-      raise ValueError(f"ASDConfig.max_exceptions must be >= 0, got {m!r}")
+    if not 0 <= m <= INT32_MAX:  # the exception counter is an int32
+      raise ValueError(f"ASDConfig.max_exceptions must be in [0, {INT32_MAX}], got {m!r}")
     object.__setattr__(self, "max_exceptions", int(m))
     if not isinstance(self.normalize_q, bool):
       raise TypeError(f"ASDConfig.normalize_q must be a bool, got {self.normalize_q!r}")

@@ -66,9 +66,15 @@ def parse_prompt_ids(text: str) -> list[int]:
   fields = split_list_flag(text, "--prompt-ids")
   # int() of a field with a space inside fails, so '1 2,3' is refused rather than read as [12, 3].
   try:
-    return [int(x) for x in fields]
+    ids = [int(x) for x in fields]
   except ValueError:
     raise ValueError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+  # Prompts are int32 arrays; the vocabulary check comes later (it needs the model), but an id
+  # past int32 would fail before it, in NumPy, with a traceback.
+  huge = [i for i in ids if not -2**31 <= i < 2**31]
+  if huge:
+    raise ValueError(f"--prompt-ids: token id {huge[0]} is outside any vocabulary")
+  return ids
 
 
 def bucketed_width(longest: int, bucket: int) -> int:

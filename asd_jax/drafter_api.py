@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from asd_jax.lm_api import LanguageModelFns
+from asd_jax.request_checks import check_positive_int
 from asd_jax.sampling import SamplingConfig, select_token
 from asd_jax.sampling_keys import split_keys
 
@@ -54,8 +55,9 @@ class ChainDrafter:
   verify_widths: tuple[int, ...] = ()
 
   def __post_init__(self):
-    if isinstance(self.num_draft, bool) or int(self.num_draft) != self.num_draft or self.num_draft <= 0:
-      raise ValueError(f"K (draft block length) must be a positive integer, got {self.num_draft!r}")
+    # 4.0 is taken as 4; 2.5, True, NaN or a string are refused before anything is traced.
+    object.__setattr__(self, "num_draft",
+                       check_positive_int("K (draft block length)", self.num_draft))
     widths = tuple(self.verify_widths)
     if (any(isinstance(w, bool) or int(w) != w or not 0 < w < self.num_draft for w in widths)
         or list(widths) != sorted(set(widths))):
@@ -72,6 +74,7 @@ class ChainDrafter:
 
 def lm_chain_drafter(fns: LanguageModelFns, num_draft: int) -> ChainDrafter:
   """A drafter that runs a language model autoregressively for K tokens (its own KV cache)."""
+  num_draft = check_positive_int("K (draft block length)", num_draft)  # the closures use it
 
   def prefill(params, prompt_BxT, lengths_B, capacity):
     cache = fns.init_cache(prompt_BxT.shape[0], capacity)
@@ -100,5 +103,5 @@ def lm_chain_drafter(fns: LanguageModelFns, num_draft: int) -> ChainDrafter:
           [first_logits_BxV[:, None], jnp.moveaxis(rest_logits, 0, 1)], axis=1)
     return draft_BxK, draft_logits, cache
 
-  return ChainDrafter(prefill=prefill, propose=propose, num_draft=int(num_draft),
+  return ChainDrafter(prefill=prefill, propose=propose, num_draft=num_draft,
                       vocab_size=fns.vocab_size, name=fns.name)

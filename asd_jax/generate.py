@@ -26,6 +26,7 @@ from asd_jax.cli_common import (enable_compilation_cache, parse_prompt_ids, righ
 from asd_jax.asd_config import PAPER, ASDConfig
 from asd_jax.plain_decode import plain_decode
 from asd_jax.sampling import SamplingConfig
+from asd_jax.sampling_keys import row_keys
 from asd_jax.draft_tree import TreeShape
 from asd_jax.spec_decode import RULES
 
@@ -92,6 +93,10 @@ def main(argv=None):
   asd_config = ASDConfig(budget=args.budget, gate=args.gate,
                          max_exceptions=args.max_exceptions, normalize_q=args.normalize_q)
   tree = TreeShape.parse(args.tree) if args.tree else None
+  if args.draft is not None:
+    from models.drafter_setup import check_drafter_request
+    check_drafter_request(args.draft, args.drafter, tree)
+  row_keys(args.seed, 1)  # refuses a seed outside [0, 2**32)
   enable_compilation_cache()
 
   from models.load import load_decoder
@@ -141,8 +146,7 @@ def main(argv=None):
 
   n = int(result.num_generated_B[0])
   tokens = np.asarray(result.tokens_BxN[0, :n]).tolist()
-  if bool(result.nonfinite_B[0]):
-    raise ValueError("the model produced non-finite logits; generation stopped")
+  nonfinite = bool(result.nonfinite_B[0])
   text = tokenizer.decode(tokens, skip_special_tokens=True)
   stats.update({
       "prompt_tokens": len(ids),
@@ -152,6 +156,7 @@ def main(argv=None):
       "tokens_per_s": round(n / wall_s, 2),
       "dtype": args.dtype,
       "backend": jax.default_backend(),
+      "nonfinite_logits": nonfinite,
   })
   if args.json:
     print(json.dumps({"tokens": tokens, "text": text, "stats": stats}))
@@ -159,6 +164,9 @@ def main(argv=None):
     print("" if args.stream else text)
     print(f"\n[{n} tokens in {wall_s:.2f} s ({n / wall_s:.1f} tok/s incl. compile), "
           f"load {load_s:.2f} s]")
+  if nonfinite:  # after the output, so the tokens before the bad step are not lost
+    raise ValueError(f"the model produced non-finite logits after {n} tokens; generation "
+                     f"stopped there (the output above is complete up to that point)")
 
 
 if __name__ == "__main__":

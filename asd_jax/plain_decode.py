@@ -141,12 +141,9 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
   needed = prompt.shape[1] + max_new_tokens
   if capacity is None:
     capacity = request_checks.round_up(needed, CAPACITY_BUCKET)
+  capacity = request_checks.check_positive_int("capacity", capacity)
   request_checks.check_capacity(capacity, needed, "prompt + max_new_tokens")
-  if max_new_B is None:
-    max_new_B = np.full((prompt.shape[0],), max_new_tokens, np.int32)
-  max_new_B = np.asarray(max_new_B, np.int32)
-  if (max_new_B > max_new_tokens).any() or (max_new_B < 0).any():
-    raise ValueError(f"max_new_B must be in [0, {max_new_tokens}], got {max_new_B.tolist()}")
+  max_new_B = request_checks.check_max_new_per_row(max_new_B, prompt.shape[0], max_new_tokens)
   return _plain_decode(fns, params, jnp.asarray(prompt), jnp.asarray(lengths),
                        jnp.asarray(max_new_B), row_keys(seed, prompt.shape[0]),
                        max_new_tokens=max_new_tokens, capacity=int(capacity), eos_ids=eos_ids,

@@ -6,6 +6,10 @@ offending value; nothing is clamped.
 
 from __future__ import annotations
 
+import math
+import numbers
+from collections.abc import Iterable
+
 import numpy as np
 
 
@@ -35,9 +39,25 @@ def check_prompts(prompt_BxT, lengths_B, vocab_size: int) -> tuple[np.ndarray, n
 
 
 def check_positive_int(name: str, value) -> int:
-  if isinstance(value, bool) or int(value) != value or value <= 0:
+  """An integer >= 1 (an integral float such as 4.0 is taken as 4); anything else, a NaN, None,
+  a string, a bool or 2.5, is refused with a message naming `name`."""
+  if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+      or not math.isfinite(value) or int(value) != value or value <= 0):
     raise ValueError(f"{name} must be a positive integer, got {value!r}")
   return int(value)
+
+
+def check_max_new_per_row(max_new_B, batch: int, max_new_tokens: int) -> np.ndarray:
+  """Per-row output limits: int[batch] in [0, max_new_tokens] (default: max_new_tokens each)."""
+  if max_new_B is None:
+    return np.full((batch,), max_new_tokens, np.int32)
+  limits = np.asarray(max_new_B)
+  if limits.shape != (batch,) or not np.issubdtype(limits.dtype, np.integer):
+    raise ValueError(f"max_new_B must be int[{batch}] (one limit per prompt row), got "
+                     f"{limits.dtype} {limits.shape}")
+  if (limits > max_new_tokens).any() or (limits < 0).any():
+    raise ValueError(f"max_new_B must be in [0, {max_new_tokens}], got {limits.tolist()}")
+  return limits.astype(np.int32)
 
 
 def check_capacity(capacity: int, needed: int, what: str) -> None:
@@ -59,7 +79,15 @@ def check_context(max_positions: int | None, lengths_B: np.ndarray, max_new_toke
 
 
 def check_eos_ids(eos_ids, vocab_size: int) -> tuple[int, ...]:
-  ids = tuple(int(e) for e in eos_ids)
+  """A sequence of integer token ids; a string, a lone int, a bool or a float is refused rather
+  than read as something else ('45' as (4, 5), 4.7 as 4)."""
+  if isinstance(eos_ids, (str, bytes)) or not isinstance(eos_ids, Iterable):
+    raise TypeError(f"eos_ids must be a sequence of token ids, got {eos_ids!r}")
+  items = eos_ids.ravel().tolist() if isinstance(eos_ids, np.ndarray) else list(eos_ids)
+  bad = [e for e in items if isinstance(e, bool) or not isinstance(e, numbers.Integral)]
+  if bad:
+    raise TypeError(f"eos_ids must be integer token ids, got {bad[0]!r} in {eos_ids!r}")
+  ids = tuple(int(e) for e in items)
   for e in ids:
     if not 0 <= e < vocab_size:
       raise ValueError(f"eos id {e} is outside the vocabulary [0, {vocab_size})")

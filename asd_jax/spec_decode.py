@@ -218,17 +218,20 @@ def prepare_request(target: LanguageModelFns, drafter_vocab: int, prompt_BxT, le
   prompt, lengths = request_checks.check_prompts(prompt_BxT, lengths_B, target.vocab_size)
   max_new_tokens = request_checks.check_positive_int("max_new_tokens", max_new_tokens)
   request_checks.check_context(target.max_positions, lengths, max_new_tokens, target.name)
+  if target.max_positions is not None and lookahead >= target.max_positions:
+    # Each round scores `lookahead` positions at once; a block longer than the context window
+    # can never be accepted and would only allocate a cache that large.
+    raise ValueError(f"{what} scores {lookahead} draft positions per round, not fewer than the "
+                     f"context window of {target.name!r} ({target.max_positions} positions); "
+                     f"draft fewer tokens")
   eos_ids = request_checks.check_eos_ids(eos_ids, target.vocab_size)
   needed = required_capacity(prompt.shape[1], max_new_tokens, lookahead)
   if capacity is None:
     capacity = request_checks.round_up(needed, CAPACITY_BUCKET)
+  capacity = request_checks.check_positive_int("capacity", capacity)
   request_checks.check_capacity(capacity, needed, f"prompt + max_new_tokens + lookahead + 1 "
                                 f"({what})")
-  if max_new_B is None:
-    max_new_B = np.full((prompt.shape[0],), max_new_tokens, np.int32)
-  max_new_B = np.asarray(max_new_B, np.int32)
-  if (max_new_B > max_new_tokens).any() or (max_new_B < 0).any():
-    raise ValueError(f"max_new_B must be in [0, {max_new_tokens}], got {max_new_B.tolist()}")
+  max_new_B = request_checks.check_max_new_per_row(max_new_B, prompt.shape[0], max_new_tokens)
   asd_scalars = (np.float32(asd_config.budget), np.float32(asd_config.gate),
                  np.int32(asd_config.max_exceptions))
   arrays = (jnp.asarray(prompt), jnp.asarray(lengths), jnp.asarray(max_new_B), asd_scalars,

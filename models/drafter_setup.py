@@ -79,6 +79,21 @@ def ngram_store_for(target_name: str, vocab_size: int):
   return load_store(folder, vocab_size)
 
 
+def check_drafter_request(name_or_path: str | os.PathLike, kind: str | None,
+                          tree: TreeShape | None) -> None:
+  """The checks of setup_drafter that need no model, so a CLI can run them before its load:
+  a malformed n-gram name, an unknown kind, and a tree for the chain-only n-gram drafter."""
+  sizes = parse_ngram_name(str(name_or_path))  # raises on a malformed 'ngram:...' name
+  if kind is not None and kind not in KINDS:
+    raise ValueError(f"unknown drafter kind {kind!r}; choose one of {KINDS}")
+  if kind == "ngram" and sizes is None:
+    raise ValueError(f"drafter kind 'ngram' needs an n-gram drafter name ('ngram', "
+                     f"'ngram:MAX' or 'ngram:MIN-MAX', optionally with '+store'), got "
+                     f"{name_or_path!r}")
+  if (kind or ("ngram" if sizes else None)) == "ngram" and tree is not None:
+    raise ValueError("the n-gram drafter drafts chains only; drop --tree")
+
+
 def setup_drafter(name_or_path: str, target: LoadedModel, *, k: int,
                   tree: TreeShape | None = None, kind: str | None = None,
                   dtype: str = "float32", target_name: str = "target") -> DrafterSetup:
@@ -90,17 +105,10 @@ def setup_drafter(name_or_path: str, target: LoadedModel, *, k: int,
   if isinstance(k, bool) or int(k) != k or k <= 0:
     raise ValueError(f"K must be a positive integer, got {k!r}")
   kind = kind or infer_kind(name_or_path)
-  if kind not in KINDS:
-    raise ValueError(f"unknown drafter kind {kind!r}; choose one of {KINDS}")
+  check_drafter_request(name_or_path, kind, tree)
   plain_fns, plain_params = decoder_fns(target.model, name=target_name)
   if kind == "ngram":
     sizes = parse_ngram_name(str(name_or_path))
-    if sizes is None:
-      raise ValueError(f"drafter kind 'ngram' needs an n-gram drafter name ('ngram', "
-                       f"'ngram:MAX' or 'ngram:MIN-MAX', optionally with '+store'), got "
-                       f"{name_or_path!r}")
-    if tree is not None:
-      raise ValueError("the n-gram drafter drafts chains only; drop --tree")
     store = ngram_store_for(target_name, plain_fns.vocab_size) if uses_store(
         str(name_or_path)) else None
     drafter = ngram_drafter(k, plain_fns.vocab_size, min_ngram=sizes[0], max_ngram=sizes[1],

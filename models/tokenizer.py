@@ -31,7 +31,12 @@ def load_tokenizer(name_or_path: str | os.PathLike, cache: bool = True):
 
   resolved = resolve_checkpoint(name_or_path)
   if resolved.kind == "hf_folder":
-    return AutoTokenizer.from_pretrained(resolved.path, local_files_only=True)
+    try:
+      return AutoTokenizer.from_pretrained(resolved.path, local_files_only=True)
+    except (OSError, ValueError) as e:  # transformers' own message spans lines, names no folder
+      first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+      raise CheckpointError(f"{resolved.path}: no usable tokenizer (tokenizer.json or "
+                            f"tokenizer.model with tokenizer_config.json): {first_line}") from e
 
   folder = cache_entry_dir(resolved) / "tokenizer" if cache else None
   if folder is not None and (folder / _MARKER).is_file():

@@ -3,6 +3,7 @@
 import pytest
 
 from asd_jax.generate import main
+from tests.test_bench_cli import tiny_target  # noqa: F401  (module fixture)
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -13,6 +14,7 @@ from asd_jax.generate import main
     (["--prompt-ids", "1,,2"], "empty entry"),
     (["--prompt-ids", "1,2,"], "empty entry"),
     (["--prompt-ids", "1 2,3"], "comma-separated integers"),
+    (["--prompt-ids", "5,99999999999"], "token id 99999999999 is outside any vocabulary"),
     (["--prompt", "hi", "--max-new-tokens", "0"], "--max-new-tokens must be positive"),
     (["--prompt", "hi", "--temperature", "-1"], "temperature"),
     (["--prompt", "hi", "--top-p", "0"], "top_p"),
@@ -24,3 +26,23 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
   assert e.value.code == 2
   err = capsys.readouterr().err.strip()
   assert err.startswith("error: ") and message in err and "\n" not in err
+
+
+def test_nonfinite_logits_print_the_output_then_fail(tiny_target, tmp_path, capsys):  # noqa: F811
+  import json
+  import shutil
+
+  from safetensors.numpy import load_file, save_file
+
+  folder = tmp_path / "nan_target"
+  shutil.copytree(tiny_target, folder)
+  weights = load_file(folder / "model.safetensors")
+  weights["model.norm.weight"][0] = float("nan")  # every logit NaN from the first step
+  save_file(weights, folder / "model.safetensors")
+  with pytest.raises(SystemExit) as e:
+    main(["--target", str(folder), "--prompt-ids", "3,4", "--max-new-tokens", "4", "--json"])
+  assert e.value.code == 2
+  captured = capsys.readouterr()
+  out = json.loads(captured.out)
+  assert out["tokens"] == [] and out["stats"]["nonfinite_logits"] is True
+  assert "non-finite logits after 0 tokens" in captured.err

@@ -122,6 +122,12 @@ def test_hf_folder_errors(tmp_path):
   (empty / "config.json").write_text("{not json")
   with pytest.raises(CheckpointError, match="not valid JSON"):
     load_hf_folder(empty)
+  # weights without tokenizer files: one line naming the folder, not transformers' paragraph
+  no_tokenizer = tmp_path / "no_tokenizer"
+  tiny_model("llama").save_pretrained(no_tokenizer)
+  with pytest.raises(CheckpointError, match="no usable tokenizer") as e:
+    load_tokenizer(no_tokenizer)
+  assert str(no_tokenizer) in str(e.value) and "\n" not in str(e.value)
 
 
 def test_hf_folder_missing_shard(sharded_folder):

@@ -153,7 +153,13 @@ def test_eos_inside_an_accepted_block_truncates_exactly():
   assert out.tokens_BxN[0].tolist() == [4, 5, 6, 7] + [-1] * 8
   assert out.tokens_BxN[1].tolist() == list(range(12, 24))
   # Row 1: first token from prefill, then rounds of K + 1 = 5 tokens: 1 + 5 + 5 + 1.
-  assert out.stats.rounds_B.tolist()[1] == 3
+  assert out.stats.rounds_B.tolist() == [1, 3]
+  # tau counts committed tokens only: row 0's one round accepts all 4 drafts but the EOS (the
+  # third) ends the answer, and row 1's last round accepts 4 with room for 1. Counting all
+  # accepted drafts gave tau 5.0 for both rows instead of 4.0.
+  assert out.stats.accepted_B.tolist() == [3, 4 + 4 + 1]
+  assert out.stats.accepted_per_position_BxK.tolist() == [[1, 1, 1, 0], [3, 2, 2, 2]]
+  np.testing.assert_allclose(out.stats.tau_per_row(), [4.0, 4.0])
 
 
 def test_wrong_drafter_still_gives_target_output():
@@ -184,16 +190,34 @@ def test_nonfinite_target_logits_stop_the_row_without_emitting():
     ({"lengths": np.array([0])}, "empty prompt"),
     ({"prompt": np.array([[VOCAB + 1, 2]])}, "outside the vocabulary"),
     ({"max_new_tokens": 0}, "max_new_tokens"),
+    ({"max_new_tokens": float("nan")}, "max_new_tokens"),
+    ({"max_new_tokens": None}, "max_new_tokens"),
     ({"temperature": 0.7}, "greedy"),
+    # Per-row limits: one per prompt row, integers, within max_new_tokens (never broadcast).
+    ({"max_new_B": np.array([2, 2])}, r"max_new_B must be int\[1\]"),
+    ({"max_new_B": np.array([[2]])}, r"max_new_B must be int\[1\]"),
+    ({"max_new_B": np.array([2.7])}, r"max_new_B must be int\[1\]"),
+    ({"max_new_B": np.array([5])}, r"max_new_B must be in \[0, 4\]"),
+    # EOS ids: a sequence of integers, not read as something else.
+    ({"eos_ids": "45"}, "eos_ids must be a sequence"),
+    ({"eos_ids": 5}, "eos_ids must be a sequence"),
+    ({"eos_ids": (4.7,)}, "eos_ids must be integer"),
+    ({"eos_ids": (True,)}, "eos_ids must be integer"),
+    ({"capacity": 64.5}, "capacity must be a positive integer"),
+    ({"capacity": "64"}, "capacity must be a positive integer"),
+    ({"drafter": "longer than the context"}, "context window"),
 ])
 def test_bad_requests_are_refused_before_running(kwargs, match):
   from asd_jax.sampling import SamplingConfig
   tparams, dparams = _pair(seed=5)
   drafter = lm_chain_drafter(_TFNS, 2)
-  if kwargs.pop("drafter", None) == "vocab":
+  which_drafter = kwargs.pop("drafter", None)
+  if which_drafter == "vocab":
     small = random_decoder(seed=2, vocab=VOCAB - 1, num_layers=1)
     fns, dparams = decoder_fns(small)
     drafter = lm_chain_drafter(fns, 2)
+  if which_drafter == "longer than the context":
+    drafter = lm_chain_drafter(_TFNS, _TFNS.max_positions)
   args = dict(prompt=np.array([[1, 2]]), lengths=np.array([2]), max_new_tokens=4)
   args.update(kwargs)
   extra = {}
@@ -205,7 +229,9 @@ def test_bad_requests_are_refused_before_running(kwargs, match):
 
 
 def test_k_must_be_positive():
-  with pytest.raises(ValueError, match="K"):
-    lm_chain_drafter(_TFNS, 0)
+  for bad in (0, -1, 2.5, True, float("nan"), "2", None):
+    with pytest.raises(ValueError, match=r"K \(draft block length\) must be a positive"):
+      lm_chain_drafter(_TFNS, bad)
+  assert lm_chain_drafter(_TFNS, 4.0).num_draft == 4
   with pytest.raises(ValueError, match="K"):
     ChainDrafter(prefill=None, propose=None, num_draft=-1, vocab_size=VOCAB)

@@ -112,6 +112,11 @@ def test_bad_inputs_give_clear_errors(tiny_data, tmp_path, capsys):
   code, err = run_cli(["--config=tiny", "--mesh=4", "--workdir", str(tmp_path / "a")] + base,
                       capsys)
   assert code == 2 and "DxM" in err
+  for steps in ("0", "-5"):
+    code, err = run_cli(["--config=tiny", f"--steps={steps}", "--workdir", str(tmp_path / "a"),
+                         "--export", str(tmp_path / "drafter")] + base, capsys)
+    assert code == 2 and f"--steps must be positive, got {steps}" in err
+    assert not (tmp_path / "drafter").exists()
   code, err = run_cli(["--config=tiny", "--workdir", str(tmp_path / "a"), "--no-progress",
                        "--set", f"data_dir={tmp_path / 'missing'}"], capsys)
   assert code == 2 and "no training dataset" in err and "build_dataset" in err

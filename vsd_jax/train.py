@@ -62,6 +62,9 @@ def main(argv=None) -> int:
   start = time.perf_counter()
   try:
     cfg = with_overrides(get_preset(args.config), args.set)
+    if args.steps is not None and args.steps <= 0:
+      # 0 would "finish" at once and --export an untrained drafter.
+      raise ValueError(f"--steps must be positive, got {args.steps}")
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
