@@ -134,6 +134,8 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
       up to a multiple of 64, so nearby request sizes share one compiled program.
     stream: a TokenStream to receive each row's tokens on the host as they are generated.
   """
+  request_checks.check_type("fns", fns, LanguageModelFns)
+  request_checks.check_type("sampling", sampling, SamplingConfig)
   prompt, lengths = request_checks.check_prompts(prompt_BxT, lengths_B, fns.vocab_size)
   max_new_tokens = request_checks.check_positive_int("max_new_tokens", max_new_tokens)
   request_checks.check_context(fns.max_positions, lengths, max_new_tokens, fns.name)

@@ -13,6 +13,13 @@ from collections.abc import Iterable
 import numpy as np
 
 
+def check_type(name: str, value, expected: type) -> None:
+  """A wrong object (a dict for a config, None for the model) fails here by name, not later as
+  an AttributeError deep in the engine."""
+  if not isinstance(value, expected):
+    raise TypeError(f"{name} must be {expected.__name__}, got {type(value).__name__}")
+
+
 def check_prompts(prompt_BxT, lengths_B, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
   """Checks right-padded prompts; returns them as int32 numpy arrays."""
   prompt = np.asarray(prompt_BxT)

@@ -203,6 +203,9 @@ def prepare_request(target: LanguageModelFns, drafter_vocab: int, prompt_BxT, le
                     rule, asd_config, sampling, eos_ids, max_new_tokens, max_new_B, capacity,
                     lookahead: int, what: str, seed: int = 0) -> PreparedRequest:
   """All Python-boundary checks of a speculative request; nothing is clamped."""
+  request_checks.check_type("target", target, LanguageModelFns)
+  request_checks.check_type("sampling", sampling, SamplingConfig)
+  request_checks.check_type("asd_config", asd_config, ASDConfig)
   if rule not in RULES:
     raise ValueError(f"unknown rule {rule!r}; choose one of {RULES}")
   if drafter_vocab != target.vocab_size:
@@ -211,8 +214,6 @@ def prepare_request(target: LanguageModelFns, drafter_vocab: int, prompt_BxT, le
   if rule in ("strict", "asd") and not sampling.greedy:
     raise ValueError(f"rule {rule!r} is greedy (temperature 0); use rule='sample' for "
                      f"temperature {sampling.temperature}")
-  if not isinstance(asd_config, ASDConfig):
-    raise TypeError(f"asd_config must be an ASDConfig, got {type(asd_config).__name__}")
   if not (math.isfinite(asd_config.budget) and math.isfinite(asd_config.gate)):
     raise ValueError("ASD budget and gate must be finite")
   prompt, lengths = request_checks.check_prompts(prompt_BxT, lengths_B, target.vocab_size)

@@ -23,6 +23,7 @@ from asd_jax.decode_rounds import (RoundState, SpecDecodeResult, commit_round, f
 from asd_jax.draft_tree import TreeDrafter
 from asd_jax.lm_api import LanguageModelFns
 from asd_jax.plain_decode import DECODE_LOOP_COMPILER_OPTIONS
+from asd_jax.request_checks import check_type
 from asd_jax.sampling import SamplingConfig
 from asd_jax.sampling_keys import split_keys
 from asd_jax.spec_decode import prepare_request
@@ -171,6 +172,8 @@ def asd_tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafte
   """
   if not isinstance(drafter, TreeDrafter):
     raise TypeError(f"drafter must be a TreeDrafter, got {type(drafter).__name__}")
+  check_type("target", target, LanguageModelFns)
+  check_type("sampling", sampling, SamplingConfig)  # read below, before prepare_request
   if target.tree_forward is None or target.move_slots is None:
     raise ValueError(f"target {target.name!r} has no tree_forward/move_slots; it cannot verify "
                      "trees")

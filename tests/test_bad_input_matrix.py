@@ -172,6 +172,8 @@ API = [
         np.zeros((1, 3), np.int32), np.array([[-1, 0, 0]]), np.zeros((1, 3, V), np.float32)),
      ValueError, "target_logits"),
     ("tree decode: chain drafter", tree_decode(drafter=D), TypeError, "TreeDrafter"),
+    ("tree decode: not a target", tree_decode(target=object()), TypeError,
+     "target must be LanguageModelFns"),
     ("tree decode: target without tree_forward", tree_decode(target=T), ValueError,
      "tree_forward"),
     ("tree drafter: model without tree_forward", lambda: lm_tree_drafter(T, TreeShape(2, 2, 3)),
@@ -179,6 +181,13 @@ API = [
     # --- unknown names --------------------------------------------------------------------------
     ("decode: unknown rule", decode(rule="greedyish"), ValueError, "unknown rule"),
     ("decode: not a drafter", decode(drafter=object()), TypeError, "ChainDrafter"),
+    ("decode: not a target", decode(target=object()), TypeError, "target must be LanguageModelFns"),
+    ("decode: sampling a dict", decode(sampling={"temperature": 0}), TypeError,
+     "sampling must be SamplingConfig"),
+    ("plain: sampling None", lambda: plain_decode(T, None, P, N, max_new_tokens=2, sampling=None),
+     TypeError, "sampling must be SamplingConfig"),
+    ("plain: not a model", lambda: plain_decode(None, None, P, N, max_new_tokens=2), TypeError,
+     "fns must be LanguageModelFns"),
 ]
 
 
