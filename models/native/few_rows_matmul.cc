@@ -111,27 +111,11 @@ inline float MulAdd(float x, float w, float acc) {
 // -ffp-contract: on an AVX2 CPU GCC 12 contracted `acc += x * w` for some rows of a
 // register-blocked group and not for others, so a row's bits depended on its neighbours.
 inline Vec VecMulAdd(Vec x, Vec w, Vec acc) {
-#if defined(__AVX512F__) && defined(__FMA__)
-  if constexpr (kLanes == 16) {
-    __m512 xr, wr, ar;
-    std::memcpy(&xr, &x, sizeof(xr));
-    std::memcpy(&wr, &w, sizeof(wr));
-    std::memcpy(&ar, &acc, sizeof(ar));
-    ar = _mm512_fmadd_ps(xr, wr, ar);
-    std::memcpy(&acc, &ar, sizeof(ar));
-    return acc;
-  }
+#if defined(__AVX512F__)
+  if constexpr (kLanes == 16) return (Vec)_mm512_fmadd_ps((__m512)x, (__m512)w, (__m512)acc);
 #endif
 #if defined(__FMA__)
-  if constexpr (kLanes == 8) {
-    __m256 xr, wr, ar;
-    std::memcpy(&xr, &x, sizeof(xr));
-    std::memcpy(&wr, &w, sizeof(wr));
-    std::memcpy(&ar, &acc, sizeof(ar));
-    ar = _mm256_fmadd_ps(xr, wr, ar);
-    std::memcpy(&acc, &ar, sizeof(ar));
-    return acc;
-  }
+  if constexpr (kLanes == 8) return (Vec)_mm256_fmadd_ps((__m256)x, (__m256)w, (__m256)acc);
 #endif
   return x * w + acc;
 }
