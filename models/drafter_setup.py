@@ -20,6 +20,7 @@ from asd_jax.draft_tree import TreeDrafter, TreeShape, lm_tree_drafter
 from asd_jax.drafter_api import ChainDrafter, lm_chain_drafter
 from asd_jax.lm_api import LanguageModelFns
 from asd_jax.ngram_drafter import ngram_drafter, parse_ngram_name, uses_store
+from asd_jax.request_checks import check_positive_int
 from models.errors import CheckpointError
 from models.load import LoadedModel
 from models.lm_fns import decoder_fns
@@ -102,8 +103,7 @@ def setup_drafter(name_or_path: str, target: LoadedModel, *, k: int,
   Chains (tree=None) use K = k; EAGLE-3 and Medusa always run in the tree engine (a chain is
   the depth-k top-1 tree).
   """
-  if isinstance(k, bool) or int(k) != k or k <= 0:
-    raise ValueError(f"K must be a positive integer, got {k!r}")
+  k = check_positive_int("K", k)
   kind = kind or infer_kind(name_or_path)
   check_drafter_request(name_or_path, kind, tree)
   plain_fns, plain_params = decoder_fns(target.model, name=target_name)
