@@ -35,7 +35,17 @@ TARGETS = {
 _NATIVE_DIR = pathlib.Path(__file__).parent / "native"
 _SOURCES = tuple(sorted(_NATIVE_DIR.glob("*.cc")))
 _HEADERS = tuple(sorted(_NATIVE_DIR.glob("*.h")))
-_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC")
+_FLAGS = ("-O3", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC")
+
+
+def find_compiler() -> str | None:
+  """The C++ compiler the kernels are built with: $CXX (default g++), else c++; None if neither."""
+  return shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+
+
+def compiler_args(march: str = "native") -> list[str]:
+  """The compiler's arguments for a build of every kernel for `march` (-march=), less -o."""
+  return [*_FLAGS, f"-march={march}", f"-I{jax.ffi.include_dir()}", *(str(s) for s in _SOURCES)]
 
 
 def _cpu_flags() -> str:
@@ -48,9 +58,12 @@ def _cpu_flags() -> str:
   return ""
 
 
-def _library_path() -> pathlib.Path:
-  """Compiles the kernels once per (sources, jaxlib, compiler flags, CPU); returns the .so."""
-  compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+def build_library() -> pathlib.Path:
+  """Compiles the kernels once per (sources, jaxlib, compiler flags, CPU); returns the .so.
+
+  Raises RuntimeError with the compiler's message when there is no compiler or the build fails.
+  """
+  compiler = find_compiler()
   if compiler is None:
     raise RuntimeError("no C++ compiler found (set CXX)")
   key = hashlib.sha256("\0".join(
@@ -62,9 +75,8 @@ def _library_path() -> pathlib.Path:
   path.parent.mkdir(parents=True, exist_ok=True)
   with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
     built = pathlib.Path(tmp) / path.name
-    proc = subprocess.run([compiler, *_FLAGS, f"-I{jax.ffi.include_dir()}",
-                           *(str(s) for s in _SOURCES), "-o", str(built)],
-                          capture_output=True, text=True)
+    proc = subprocess.run([compiler, *compiler_args(), "-o", str(built)], capture_output=True,
+                          text=True)
     if proc.returncode != 0:
       raise RuntimeError(f"{compiler} failed:\n{proc.stderr[-2000:]}")
     os.replace(built, path)  # atomic: concurrent builders (test workers) never see half a file
@@ -77,7 +89,7 @@ def native_available() -> bool:
   if os.environ.get("ASD_JAX_NATIVE", "1") == "0":
     return False
   try:
-    library = ctypes.cdll.LoadLibrary(str(_library_path()))
+    library = ctypes.cdll.LoadLibrary(str(build_library()))
     for symbol, target in TARGETS.items():
       jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, symbol)),
                                   platform="cpu")

@@ -33,7 +33,9 @@
 #include <type_traits>
 #include <vector>
 
-#include <immintrin.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>  // only under the x86 feature macros below
+#endif
 
 #include "cpu_common.h"
 #include "xla/ffi/api/ffi.h"
@@ -112,12 +114,12 @@ inline float MulAdd(float x, float w, float acc) {
 // register-blocked group and not for others, so a row's bits depended on its neighbours.
 inline Vec VecMulAdd(Vec x, Vec w, Vec acc) {
 #if defined(__AVX512F__)
-  if constexpr (kLanes == 16) return (Vec)_mm512_fmadd_ps((__m512)x, (__m512)w, (__m512)acc);
-#endif
-#if defined(__FMA__)
-  if constexpr (kLanes == 8) return (Vec)_mm256_fmadd_ps((__m256)x, (__m256)w, (__m256)acc);
-#endif
+  return (Vec)_mm512_fmadd_ps((__m512)x, (__m512)w, (__m512)acc);
+#elif defined(__AVX__) && defined(__FMA__)
+  return (Vec)_mm256_fmadd_ps((__m256)x, (__m256)w, (__m256)acc);
+#else
   return x * w + acc;
+#endif
 }
 
 // acc[R rows][tile] of y += x[R, k0:k1] @ w[k0:k1, tile columns], for every full tile.
