@@ -86,6 +86,8 @@ class TreeDrafter:
   feature_layers: target layers whose outputs (pre-norm residual stream, the decoder's
   `hidden_layers` convention) the drafter reads; the target's `LanguageModelFns` must return
   exactly these, in this order, as its hidden states.
+  param_shapes: the arrays the params must have, as `LanguageModelFns.param_shapes` (None:
+  not checked).
   """
 
   prefill: Callable[..., Any]
@@ -94,6 +96,7 @@ class TreeDrafter:
   vocab_size: int
   name: str = "tree-drafter"
   feature_layers: tuple[int, ...] = ()
+  param_shapes: tuple | None = None
 
 
 def _children(logits_BxMxV, key, k, sampling: SamplingConfig):
@@ -217,4 +220,4 @@ def lm_tree_drafter(fns: LanguageModelFns, shape: TreeShape) -> TreeDrafter:
     return (*tree, cache)
 
   return TreeDrafter(prefill=prefill, propose=propose, shape=shape, vocab_size=fns.vocab_size,
-                     name=fns.name)
+                     name=fns.name, param_shapes=fns.param_shapes)

@@ -44,6 +44,8 @@ class ChainDrafter:
       what a round costs. None: always verify all K.
   verify_widths: the widths below K the engine may verify instead (static: each one is a
       target forward of width + 1 tokens compiled into the loop).
+  param_shapes: the arrays the params must have, as `LanguageModelFns.param_shapes` (None:
+      not checked; drafters without weights).
   """
 
   prefill: Callable[..., Any]
@@ -53,6 +55,7 @@ class ChainDrafter:
   name: str = "drafter"
   draft_length: Callable[[Any], jax.Array] | None = None
   verify_widths: tuple[int, ...] = ()
+  param_shapes: tuple | None = None
 
   def __post_init__(self):
     # 4.0 is taken as 4; 2.5, True, NaN or a string are refused before anything is traced.
@@ -104,4 +107,4 @@ def lm_chain_drafter(fns: LanguageModelFns, num_draft: int) -> ChainDrafter:
     return draft_BxK, draft_logits, cache
 
   return ChainDrafter(prefill=prefill, propose=propose, num_draft=num_draft,
-                      vocab_size=fns.vocab_size, name=fns.name)
+                      vocab_size=fns.vocab_size, name=fns.name, param_shapes=fns.param_shapes)

@@ -39,6 +39,10 @@ class LanguageModelFns:
   move_slots(cache, src_BxA, dst_BxA) -> cache
       Copies the entries at src slots to dst slots (all reads before writes); a dst slot
       outside the cache is a no-op. Compacts an accepted tree path into consecutive slots.
+
+  param_shapes: (path, shape) of each array the params must have
+      (`request_checks.param_shapes(params)`); the engines refuse params that differ, naming
+      the first differing array. None: not checked.
   """
 
   forward: Callable[..., tuple[Any, Any, Cache]]
@@ -49,3 +53,4 @@ class LanguageModelFns:
   max_positions: int | None = None
   tree_forward: Callable[..., tuple[Any, Any, Cache]] | None = None
   move_slots: Callable[..., Cache] | None = None
+  param_shapes: tuple | None = None

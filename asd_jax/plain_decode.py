@@ -146,6 +146,7 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
   capacity = request_checks.check_positive_int("capacity", capacity)
   request_checks.check_capacity(capacity, needed, "prompt + max_new_tokens")
   max_new_B = request_checks.check_max_new_per_row(max_new_B, prompt.shape[0], max_new_tokens)
+  request_checks.check_param_shapes("params", params, fns.param_shapes, fns.name)
   return _plain_decode(fns, params, jnp.asarray(prompt), jnp.asarray(lengths),
                        jnp.asarray(max_new_B), row_keys(seed, prompt.shape[0]),
                        max_new_tokens=max_new_tokens, capacity=int(capacity), eos_ids=eos_ids,

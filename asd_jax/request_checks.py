@@ -10,6 +10,7 @@ import math
 import numbers
 from collections.abc import Iterable
 
+import jax
 import numpy as np
 
 
@@ -18,6 +19,32 @@ def check_type(name: str, value, expected: type) -> None:
   an AttributeError deep in the engine."""
   if not isinstance(value, expected):
     raise TypeError(f"{name} must be {expected.__name__}, got {type(value).__name__}")
+
+
+ParamShapes = tuple[tuple[str, tuple[int, ...]], ...]
+
+
+def param_shapes(params) -> ParamShapes:
+  """(path, shape) of each array of a params pytree, in pytree order: what a model's functions
+  record (LanguageModelFns.param_shapes) so that params of another model are refused."""
+  leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+  return tuple((jax.tree_util.keystr(path), tuple(np.shape(x))) for path, x in leaves)
+
+
+def check_param_shapes(what: str, params, expected: ParamShapes | None, model: str) -> None:
+  """Params must have the arrays `expected` lists, shape for shape (dtypes and containers may
+  differ: bfloat16 copies and pure dicts are fine). Without this, another model's params fail
+  inside the model's first layer with a reshape or leaf-count error. None: not checked."""
+  if expected is None:
+    return
+  leaves = jax.tree_util.tree_leaves(params)
+  if len(leaves) != len(expected):
+    raise ValueError(f"{what} hold {len(leaves)} arrays, model {model!r} has {len(expected)}: "
+                     f"are they another model's parameters?")
+  for x, (path, shape) in zip(leaves, expected):
+    if tuple(np.shape(x)) != shape:
+      raise ValueError(f"{what}: {path} has shape {tuple(np.shape(x))}, model {model!r} needs "
+                       f"{shape}: are they another model's parameters?")
 
 
 def check_prompts(prompt_BxT, lengths_B, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:

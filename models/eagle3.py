@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from asd_jax.request_checks import param_shapes
 from models.config import DTYPES, ModelConfig, RopeScaling, rope_inverse_frequencies
 from models.cached_attention import BlockMask, block_mask
 from models.few_rows_matmul import few_rows_matmul
@@ -231,6 +232,7 @@ class Eagle3Fns:
       The `fc` projection alone (`step` applies it itself to 3D-wide features).
   to_target_ids(params, draft_ids) -> target ids (same shape, int32)
   init_cache(batch_size, capacity) -> a 1-layer KVCache
+  param_shapes: the arrays the params must have (asd_jax.request_checks.param_shapes).
   """
 
   step: Callable[..., tuple[jax.Array, jax.Array, KVCache]]
@@ -238,6 +240,7 @@ class Eagle3Fns:
   to_target_ids: Callable[..., jax.Array]
   init_cache: Callable[[int, int], KVCache]
   cfg: Eagle3Config
+  param_shapes: tuple | None = None
 
 
 def eagle3_fns(model: Eagle3Drafter) -> tuple[Eagle3Fns, Any]:
@@ -260,7 +263,7 @@ def eagle3_fns(model: Eagle3Drafter) -> tuple[Eagle3Fns, Any]:
     return KVCache.create(cfg.layer_config(), batch_size, capacity)
 
   return Eagle3Fns(step=step, fuse=fuse, to_target_ids=to_target_ids, init_cache=init_cache,
-                   cfg=cfg), params
+                   cfg=cfg, param_shapes=param_shapes(params)), params
 
 
 def draft_to_target_ids(d2t_Vd: jax.Array, draft_ids: jax.Array) -> jax.Array:

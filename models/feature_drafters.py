@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from asd_jax.draft_tree import TreeDrafter, TreeShape, grow_dynamic_tree
+from asd_jax.request_checks import param_shapes
 from asd_jax.sampling_keys import split_keys
 from models.eagle3 import Eagle3Fns, draft_logits_to_target
 from models.llama import Decoder
@@ -79,7 +80,8 @@ def eagle3_tree_drafter(fns: Eagle3Fns, shape: TreeShape) -> TreeDrafter:
     return (*tree, cache)
 
   return TreeDrafter(prefill=prefill, propose=propose, shape=shape, vocab_size=vocab,
-                     name="eagle3", feature_layers=tuple(cfg.fused_layers))
+                     name="eagle3", feature_layers=tuple(cfg.fused_layers),
+                     param_shapes=fns.param_shapes)
 
 
 def medusa_choices(shape: TreeShape, num_heads: int) -> list[tuple[int, ...]]:
@@ -140,7 +142,8 @@ def medusa_tree_drafter(heads: MedusaHeads, target: Decoder, shape: TreeShape,
   tree_shape = TreeShape(depth=depth, top_k=top_k, num_nodes=len(choices))
   return TreeDrafter(prefill=prefill, propose=propose, shape=tree_shape,
                      vocab_size=cfg.vocab_size, name="medusa",
-                     feature_layers=(cfg.num_layers - 1,))
+                     feature_layers=(cfg.num_layers - 1,),
+                     param_shapes=param_shapes(medusa_drafter_params(heads, target)))
 
 
 def medusa_drafter_params(heads: MedusaHeads, target: Decoder):

@@ -6,6 +6,7 @@ import flax.nnx as nnx
 import jax.numpy as jnp
 
 from asd_jax.lm_api import LanguageModelFns
+from asd_jax.request_checks import param_shapes
 from models.kv_cache import KVCache, move_slots
 from models.llama import Decoder
 
@@ -38,5 +39,5 @@ def decoder_fns(model: Decoder, hidden_layers: tuple[int, ...] = (), name: str =
   fns = LanguageModelFns(forward=forward, prefill=prefill, init_cache=init_cache,
                          vocab_size=cfg.vocab_size, name=name,
                          max_positions=cfg.max_position_embeddings, tree_forward=tree_forward,
-                         move_slots=move_slots)
+                         move_slots=move_slots, param_shapes=param_shapes(params))
   return fns, params

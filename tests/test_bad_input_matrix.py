@@ -57,6 +57,29 @@ def tree_decode(target=None, drafter=None, **kw):
   return run
 
 
+def _decoder(seed, hidden, layers=1):
+  from models.lm_fns import decoder_fns
+  from tests.tiny_models import random_decoder
+  return decoder_fns(random_decoder(seed=seed, vocab=V, num_layers=layers, hidden=hidden))
+
+
+def other_params(engine, which, mismatch):
+  """`which` params ("target" or "drafter") of another model: one with another layer count
+  ("arrays": a different number of arrays) or another width ("shapes": same arrays, other
+  shapes); everything else right."""
+  def run():
+    fns, params = _decoder(0, 16)
+    other = _decoder(1, 16, layers=2)[1] if mismatch == "arrays" else _decoder(1, 32)[1]
+    tparams, dparams = (other, params) if which == "target" else (params, other)
+    if engine == "plain":
+      return plain_decode(fns, tparams, P, N, max_new_tokens=4)
+    if engine == "chain":
+      return asd_decode(fns, tparams, lm_chain_drafter(fns, 2), dparams, P, N, max_new_tokens=4)
+    return asd_tree_decode(fns, tparams, lm_tree_drafter(fns, TreeShape(2, 2, 3)), dparams, P,
+                           N, max_new_tokens=4)
+  return run
+
+
 API = [
     # --- empty / too long / out of range -------------------------------------------------
     ("decode: empty prompt", decode(lengths_B=np.array([0])), ValueError, "empty prompt"),
@@ -188,6 +211,19 @@ API = [
      TypeError, "sampling must be SamplingConfig"),
     ("plain: not a model", lambda: plain_decode(None, None, P, N, max_new_tokens=2), TypeError,
      "fns must be LanguageModelFns"),
+    # --- another model's params (the loaders refuse such checkpoints; this is the raw API) ----
+    ("plain: params with other arrays", other_params("plain", "target", "arrays"), ValueError,
+     "params hold 22 arrays, model 'decoder' has 13: are they another model's parameters?"),
+    ("plain: params of other shapes", other_params("plain", "target", "shapes"), ValueError,
+     "params: ['embed']['embedding'].value has shape (32, 32), model 'decoder' needs (32, 16)"),
+    ("decode: target_params with other arrays", other_params("chain", "target", "arrays"),
+     ValueError, "target_params hold 22 arrays"),
+    ("decode: drafter_params of other shapes", other_params("chain", "drafter", "shapes"),
+     ValueError, "drafter_params: ['embed']['embedding'].value has shape (32, 32)"),
+    ("tree decode: target_params of other shapes", other_params("tree", "target", "shapes"),
+     ValueError, "target_params: ['embed']['embedding'].value has shape (32, 32)"),
+    ("tree decode: drafter_params with other arrays", other_params("tree", "drafter", "arrays"),
+     ValueError, "drafter_params hold 22 arrays"),
 ]
 
 
@@ -200,6 +236,20 @@ def test_api_refuses_bad_input(name, call, error, match):
 
 
 # --- files: unknown names and corrupt weights (loaders, drafter checkpoints, exporters) ----------
+
+def test_params_of_the_same_shapes_in_another_dtype_or_container_are_accepted():
+  """The params check compares shapes only: a bfloat16 copy or a pure dict of the model's own
+  params decodes (as it did before the check), and the pure dict gives the same tokens."""
+  import flax.nnx as nnx
+  import jax.numpy as jnp
+  fns, params = _decoder(0, 16)
+  want = plain_decode(fns, params, P, N, max_new_tokens=4).tokens_BxN
+  pure = nnx.to_pure_dict(params)
+  np.testing.assert_array_equal(plain_decode(fns, pure, P, N, max_new_tokens=4).tokens_BxN, want)
+  half = jax.tree.map(lambda x: x.astype(jnp.bfloat16) if x.dtype == jnp.float32 else x, params)
+  out = asd_decode(fns, half, lm_chain_drafter(fns, 2), pure, P, N, max_new_tokens=4)
+  assert out.num_generated_B.tolist() == [4]
+
 
 def _write(path, data: bytes):
   path.parent.mkdir(parents=True, exist_ok=True)

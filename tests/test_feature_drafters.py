@@ -71,6 +71,23 @@ def test_medusa_choices_are_prefix_closed():
   assert all(len(p) == 1 or p[:-1] in choices for p in choices)
 
 
+def test_eagle3_and_medusa_refuse_another_drafters_params():
+  eagle_cfg = Eagle3Config.for_target(_TARGET.cfg, fused_layers=(0, 1, 3))
+  fns, _ = eagle3_fns(init_eagle3(eagle_cfg, seed=3, target=_TARGET))
+  heads = init_medusa(MedusaConfig(hidden_size=_TARGET.cfg.hidden_size, vocab_size=VOCAB,
+                                   num_heads=2), seed=1)
+  medusa = medusa_tree_drafter(heads, _TARGET, TreeShape(2, 2, 4))
+  medusa_params = medusa_drafter_params(heads, _TARGET)
+  eagle = eagle3_tree_drafter(fns, TreeShape(2, 1, 2))
+  for drafter, wrong in ((eagle, medusa_params), (medusa, eagle3_fns(init_eagle3(
+      eagle_cfg, seed=3, target=_TARGET))[1])):
+    target_fns, tparams = decoder_fns(_TARGET, hidden_layers=drafter.feature_layers)
+    with pytest.raises(ValueError, match="drafter_params hold .* arrays, model '(eagle3|medusa)' "
+                                         "has .*another model's parameters"):
+      asd_tree_decode(target_fns, tparams, drafter, wrong, np.array([[1, 2]]), np.array([2]),
+                      max_new_tokens=4)
+
+
 def test_target_without_the_drafters_features_is_refused():
   cfg = Eagle3Config.for_target(_TARGET.cfg, fused_layers=(0, 1, 3))
   fns, dparams = eagle3_fns(init_eagle3(cfg, seed=3, target=_TARGET))
