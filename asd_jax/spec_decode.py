@@ -120,11 +120,15 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
     draft_BxK, draft_logits, drafter_state = drafter.propose(
         drafter_params, s.drafter_state, s.recent_Bx2, positions_Bx2, k_draft, sampling)
     args = (s, draft_BxK, draft_logits, k_verify)
-    if drafter.draft_length is None:
+    # Under rule="sample" the width decides how a row's key is spent (one uniform per verified
+    # position, or a plain step's categorical draw), and the width is the batch's: a row's
+    # sample would depend on which other rows had a draft. So sampling always verifies K, and
+    # a row equals itself decoded alone with its seed.
+    if drafter.draft_length is None or rule == "sample":
       target_cache, verdict = verify_round(k, *args)
     else:
-      # The drafter's lengths depend on committed tokens only, so the width never changes
-      # what any rule outputs, only what a round costs. Width 0 is a plain decoding step.
+      # The drafter's lengths depend on committed tokens only, so under the greedy rules the
+      # width never changes the output, only what a round costs. Width 0 is a plain step.
       need = jnp.max(jnp.where(s.done_B, 0, drafter.draft_length(drafter_state)))
       widths = (0,) + drafter.widths
       branch = jnp.searchsorted(jnp.asarray(widths, jnp.int32), need)

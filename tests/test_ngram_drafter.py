@@ -125,7 +125,7 @@ def test_rounds_without_a_match_run_as_one_token_steps():
 @pytest.mark.parametrize("min_ngram", [1, 2])
 def test_lossless_sampling(min_ngram):
   """rule='sample' with the one-hot n-gram proposal keeps the target's distribution, whether
-  rounds verify (min_ngram=1: nearly always) or mostly run as plain steps (2)."""
+  drafts match nearly always (min_ngram=1) or seldom (2)."""
   target = random_decoder(seed=11, vocab=sampling_check.V, num_layers=2, hidden=32)
   tfns, tparams = decoder_fns(target)
   sampling = SamplingConfig(temperature=1.0)
@@ -135,6 +135,33 @@ def test_lossless_sampling(min_ngram):
   tv = sampling_check._tv
   assert tv(got.sum(axis=2), exact.sum(axis=2)) <= sampling_check.TV_LIMIT
   assert tv(got.sum(axis=0), exact.sum(axis=0)) <= sampling_check.TV_LIMIT
+
+
+def test_a_sampled_row_does_not_depend_on_its_batch():
+  """With per-row seeds a sampled row equals the same request decoded alone. The n-gram
+  drafter's lengths differ between rows, so a batch-wide verify width (or a plain step when no
+  row matched) would spend a row's key differently depending on the other rows: in this case
+  row 1 sampled [.., 33, 18, 34, ..] in the batch and [.., 8, 7, 21, ..] alone before sampling
+  verified all K every round."""
+  vocab = 61
+  tfns, tparams = decoder_fns(random_decoder(seed=0, vocab=vocab, num_layers=2, hidden=32))
+  drafter = ngram_drafter(3, vocab, max_ngram=3, min_ngram=1)
+  sampling = SamplingConfig(temperature=0.9, top_k=20)
+  rng = np.random.RandomState(3)
+  lengths = np.array([2, 15, 5], np.int32)
+  prompt = np.zeros((3, 15), np.int32)
+  for i, n in enumerate(lengths):
+    prompt[i, :n] = rng.randint(0, vocab, size=n)
+  seeds = np.array([11, 22, 33])
+
+  def run(rows):
+    return np.asarray(asd_decode(tfns, tparams, drafter, None, prompt[rows], lengths[rows],
+                                 max_new_tokens=10, rule="sample", sampling=sampling,
+                                 seed=seeds[rows]).tokens_BxN)
+
+  batch = run([0, 1, 2])
+  for row in range(3):
+    np.testing.assert_array_equal(run([row])[0], batch[row], err_msg=f"row {row}")
 
 
 def test_names_and_bad_settings():
