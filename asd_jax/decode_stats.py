@@ -36,8 +36,11 @@ class DecodeStats:
   asd_spent_B: jax.Array
 
   def tau_per_row(self) -> np.ndarray:
+    """A row without verification rounds (max_new_tokens 1: its token came from the prefill)
+    has tau 1, as plain decoding does."""
     rounds = np.asarray(self.rounds_B, np.float64)
-    return (np.asarray(self.accepted_B) + rounds) / np.maximum(rounds, 1)
+    return np.where(rounds > 0, (np.asarray(self.accepted_B) + rounds) / np.maximum(rounds, 1),
+                    1.0)
 
   def summary(self) -> dict:
     """JSON-ready aggregate over rows (tau weighted by rounds)."""
@@ -47,7 +50,7 @@ class DecodeStats:
     per_pos = np.asarray(self.accepted_per_position_BxK, np.int64).sum(axis=0)
     return {
         "rounds": total_rounds,
-        "tau": float((accepted.sum() + total_rounds) / max(total_rounds, 1)),
+        "tau": float((accepted.sum() + total_rounds) / total_rounds) if total_rounds else 1.0,
         "tau_per_row": [round(float(t), 4) for t in self.tau_per_row()],
         "acceptance_rate": float(accepted.sum() / max(total_rounds * per_pos.shape[0], 1)),
         "accepted_per_position": [float(c / max(total_rounds, 1)) for c in per_pos],

@@ -162,6 +162,22 @@ def test_eos_inside_an_accepted_block_truncates_exactly():
   np.testing.assert_allclose(out.stats.tau_per_row(), [4.0, 4.0])
 
 
+def test_tau_is_one_without_verification_rounds():
+  """A row whose tokens all came from the prefill (max_new 1) or that generated nothing has
+  tau 1, as plain decoding has; it was 0.0 (no rounds)."""
+  target = fake_lm(32)
+  drafter = lm_chain_drafter(fake_lm(32), 3)
+  prompt, lengths = np.array([[3], [5], [7]], np.int32), np.array([1, 1, 1], np.int32)
+  out = asd_decode(target, None, drafter, None, prompt, lengths, max_new_tokens=1)
+  assert out.stats.rounds_B.tolist() == [0, 0, 0]
+  assert out.stats.summary()["tau"] == 1.0
+  out = asd_decode(target, None, drafter, None, prompt, lengths, max_new_tokens=6,
+                   max_new_B=np.array([0, 1, 6]))
+  assert out.stats.rounds_B.tolist() == [0, 0, 2]
+  np.testing.assert_allclose(out.stats.tau_per_row(), [1.0, 1.0, 3.0])  # 1 + 4 + 1 tokens
+  assert out.stats.summary()["tau"] == 3.0
+
+
 def test_wrong_drafter_still_gives_target_output():
   target = fake_lm(32)
   drafter = lm_chain_drafter(fake_lm(32, shift=2), 3)  # always wrong
