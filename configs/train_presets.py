@@ -69,6 +69,7 @@ class TrainConfig:
   vsd_arw: bool = True  # adaptive rejection weighting (control variate on the weights)
   vsd_car: bool = True  # confidence-aware regularisation (unlikelihood on hard negatives)
   vsd_gamma: float = 0.5  # CAR's confidence threshold
+  vsd_continue: bool = False  # corrected paths go on with the target's path to depth d
   vsd_lambda_div: float = 1.0  # the baseline (TTT) loss, the divergence term
   vsd_lambda_wl: float = 0.5
   vsd_lambda_car: float = 0.1
@@ -121,6 +122,10 @@ class TrainConfig:
       raise ValueError("vsd_oracle=data needs the target's greedy answers as training text; "
                        "this preset samples them (answer_temperature="
                        f"{self.data.answer_temperature}), so use vsd_oracle=target")
+    if self.vsd_continue and self.vsd_oracle != "data":
+      raise ValueError("vsd_continue needs the target's greedy continuation to depth d, which "
+                       "only the data has (vsd_oracle=data); vsd_oracle=target gives the "
+                       "target's token after each draft prefix, not its path")
     for f in ("vsd_lambda_div", "vsd_lambda_wl", "vsd_lambda_car", "vsd_eta", "diag_positions"):
       if not getattr(self, f) >= 0:  # also refuses NaN
         raise ValueError(f"{f} must be >= 0, got {getattr(self, f)}")

@@ -16,7 +16,8 @@ from vsd_jax.draft_paths import oracle_tokens, rollout, sample_positions
 from vsd_jax.sharding_rules import make_mesh
 from vsd_jax.trainer import Trainer
 from vsd_jax.vsd_paths import (NOT_DRAFTABLE, UNKNOWN, accepted_length, arw_weights, car_penalty,
-                               corrected_paths, path_weights, rejected_tokens, weighted_path_nll)
+                               continued_keep, corrected_paths, path_weights, rejected_tokens,
+                               weighted_path_nll)
 
 # ------------------------------------------------------------------ hand-built E/M-step cases
 
@@ -48,6 +49,13 @@ def test_sentinels_stop_acceptance_and_are_never_labels():
   _, keep, length = corrected_paths(paths, undraftable)
   np.testing.assert_array_equal(keep, [[True, False, False]] * 2)
   assert rejected_tokens(paths, undraftable, length)[1].all()  # the target wants another token
+
+
+def test_the_continued_path_is_the_oracle_up_to_its_first_sentinel():
+  np.testing.assert_array_equal(continued_keep(jnp.array([5, 6, 7, 8])), [True] * 4)
+  np.testing.assert_array_equal(continued_keep(jnp.array([[5, 6, UNKNOWN, 8],
+                                                          [NOT_DRAFTABLE, 6, 7, 8]])),
+                                [[True, True, False, False], [False] * 4])
 
 
 def test_path_weights_are_a_softmax_over_valid_paths():
@@ -153,9 +161,10 @@ def test_tree_paths_match_drafting_one_path_at_a_time(tiny):
                              pos, cache)
         ref = [jax.nn.log_softmax(lg[0, p])[z[0]]]
         h_prev = h[:, p:p + 1]
+        target_ids = np.asarray(model.d2t[...])[z] + z  # the drafter embeds target ids
         for i in range(1, len(z)):
-          lg, h_prev, cache = model(jnp.asarray([[z[i - 1]]]), h_prev, jnp.asarray([[p + i]]),
-                                    cache)
+          lg, h_prev, cache = model(jnp.asarray([[target_ids[i - 1]]]), h_prev,
+                                    jnp.asarray([[p + i]]), cache)
           ref.append(jax.nn.log_softmax(lg[0, 0])[z[i]])
         np.testing.assert_allclose(got[b, k, s], np.array(ref), atol=2e-4)
         checked += 1
@@ -193,6 +202,75 @@ def test_s1_without_arw_and_car_is_the_truncated_hard_ttt_loss(tiny):
       np.testing.assert_allclose(float(wl[b, k]), expected, rtol=2e-4, atol=2e-4)
       checked += 1
   assert checked >= 4
+
+
+def _ttt_oracle_nll(logits, batch, rows, ok, t2d, depth):
+  """-sum_j log q(o_j) over the oracle's tokens before its first sentinel, under the TTT
+  unroll's teacher-forced states (step j at row p predicts the token at p + 2 + j)."""
+  tokens, mask = np.asarray(batch["tokens"]), np.asarray(batch["loss_mask"])
+  logq = np.asarray(jax.nn.log_softmax(logits, -1))  # [K, B, T, Vd]
+  out = np.zeros(rows.shape)
+  for b, k in zip(*np.nonzero(np.asarray(ok))):
+    p = int(rows[b, k])
+    for j in range(depth):
+      at = p + 2 + j
+      if at >= tokens.shape[1] or mask[b, at] == 0 or t2d[tokens[b, at]] < 0:
+        break
+      out[b, k] -= logq[j, b, p, t2d[tokens[b, at]]]
+  return out
+
+
+def test_continued_paths_are_the_oracle_chain_under_every_weight(tiny):
+  """vsd_continue: every corrected path is the oracle's whole chain, scored along the drafter's
+  own states on it (the forced rollout equals the TTT unroll's teacher-forced states), so
+  L_WL = (sum_s w~_s) * that chain's hard NLL: 1 without ARW, 1 - c with it."""
+  from vsd_jax.vsd_objective import vsd_terms
+  trainer, batch = tiny
+  cfg = trainer.cfg
+  logits, model, rows, ok, paths, oracle = _forward_and_paths(trainer, batch, "tree", 4, 4, 9)
+  from vsd_jax.eagle3_ttt import eagle3_training
+  e3 = eagle3_training(cfg, trainer.target.model, np.ones(trainer.target.cfg.vocab_size))
+  t = batch["tokens"].shape[1]
+  _, hidden0, cache, _, model = e3.forward(trainer.state.params, trainer.frozen, batch,
+                                           extra_slots=3 * cfg.vsd_positions)
+  chain = rollout(model, cache, context_len=t, first_free_slot=cfg.ttt_steps * t,
+                  logits0_BxTxVd=logits[0], hidden0_BxTxD=hidden0, rows_BxP=rows, num_paths=1,
+                  depth=4, proposal="forced", top_k=1, key=jax.random.key(0),
+                  forced_BxPxd=oracle)
+  safe = np.maximum(np.asarray(oracle), 0)
+  np.testing.assert_array_equal(np.asarray(chain.tokens)[:, :, 0], safe)
+  expected = _ttt_oracle_nll(logits, batch, rows, ok,
+                             np.asarray(trainer.frozen["t2d_index"]), depth=4)
+  assert (expected[np.asarray(ok)] > 0).sum() >= 4
+  plain = dataclasses.replace(cfg, vsd_continue=True, vsd_arw=False)
+  terms = vsd_terms(paths, oracle, ok, plain, chain)
+  np.testing.assert_allclose(np.where(ok, terms["wl"], 0), expected, rtol=2e-4, atol=2e-4)
+  # Without the continuation the paths stop after their correction: a smaller sum.
+  stopped = vsd_terms(paths, oracle, ok, dataclasses.replace(plain, vsd_continue=False))
+  assert (np.asarray(stopped["wl"]) <= expected + 2e-4)[np.asarray(ok)].all()
+  assert (np.asarray(stopped["wl"]) < expected - 1e-3)[np.asarray(ok)].any()
+  arw = vsd_terms(paths, oracle, ok, dataclasses.replace(plain, vsd_arw=True), chain)
+  np.testing.assert_allclose(np.where(ok, arw["wl"], 0),
+                             (1 - np.asarray(arw["confidence"])) * expected, rtol=2e-4, atol=2e-4)
+
+
+def test_vsd_continue_trains_and_needs_the_data_oracle(tiny):
+  trainer, batch = tiny
+  from vsd_jax.vsd_objective import make_vsd_objective
+  from vsd_jax.data import response_token_counts
+  cfg = dataclasses.replace(trainer.cfg, vsd_continue=True)
+  obj = make_vsd_objective(cfg, trainer.target.model, response_token_counts(
+      trainer.data_dir, trainer.target.cfg.vocab_size))
+  (loss, m), g = jax.value_and_grad(obj.loss_fn, has_aux=True)(
+      trainer.state.params, trainer.frozen, batch, jax.random.key(3))
+  _, m_stop = trainer.objective.loss_fn(trainer.state.params, trainer.frozen, batch,
+                                        jax.random.key(3))
+  assert np.isfinite(float(loss)) and obj.describe["vsd_continue"] is True
+  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(g))
+  assert float(m["loss_wl"]) > float(m_stop["loss_wl"])  # the continuation adds labels
+  np.testing.assert_allclose(float(m["loss_div"]), float(m_stop["loss_div"]), rtol=1e-6)
+  with pytest.raises(ValueError, match="vsd_continue needs the target's greedy continuation"):
+    dataclasses.replace(trainer.cfg, vsd_continue=True, vsd_oracle="target")
 
 
 def test_vsd_loss_gradients_are_finite_and_reach_every_parameter(tiny):

@@ -6,10 +6,11 @@ path depth, C drafter cache slots.
 A path from row p is z_0..z_{d-1}, the tokens at p + 2 .. p + 1 + d (alignment of
 vsd_jax/objective_api.py). z_0 comes from the drafter's step-0 distribution at row p (its
 teacher-forced context state, computed by the TTT unroll). Entry E_i (i >= 1) of a path reads
-token z_{i-1} and the out_hidden of E_{i-1} (E_0: the step-0 row p) at RoPE position p + i,
-attends to the step-0 context slots <= p plus its own ancestors' entries, and gives the
-distribution of z_i: exactly the state a draft chain or tree has at decode time
-(models/eagle3.py).
+token z_{i-1} (mapped to its target id, as the decoder feeds it) and the out_hidden of E_{i-1}
+(E_0: the step-0 row p) at RoPE position p + i, attends to the step-0 context slots <= p plus
+its own ancestors' entries, and gives the distribution of z_i: exactly the state a draft chain
+or tree has at decode time (models/eagle3.py), and the TTT unroll's state at step i when the
+path follows the data.
 
 Proposals (`proposal`):
   tree  EAGLE-2's dynamic-tree expansion as the decoder grows it (asd_jax/draft_tree.py): every
@@ -18,6 +19,9 @@ Proposals (`proposal`):
         so S > k leaves S - k paths invalid at depth 0 only if the root has fewer candidates).
   iid   S independent samples at temperature 1.
   greedy  the argmax chain (S copies; diagnostics use S = 1).
+  forced  the given tokens (`forced_BxPxd`, S copies; VSD's continuation scores the oracle's
+          own chain with S = 1). Sentinel ids (< 0) are read as id 0: the caller masks the
+          depths from the first sentinel on.
 Selection is discrete (no gradient); the returned log-probabilities are differentiable.
 """
 
@@ -28,11 +32,11 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from models.eagle3 import Eagle3Drafter
+from models.eagle3 import Eagle3Drafter, draft_to_target_ids
 from models.kv_cache import KVCache
 from vsd_jax.vsd_paths import NOT_DRAFTABLE, UNKNOWN
 
-PROPOSALS = ("tree", "iid", "greedy")
+PROPOSALS = ("tree", "iid", "greedy", "forced")
 _NEG = -1e30  # finite "minus infinity" for invalid candidates (keeps top_k and sums NaN-free)
 
 
@@ -107,7 +111,7 @@ def _gather_rows(x_BxTx_, rows_BxP):
 
 def rollout(drafter: Eagle3Drafter, cache: KVCache, *, context_len: int, first_free_slot: int,
             logits0_BxTxVd, hidden0_BxTxD, rows_BxP, num_paths: int, depth: int,
-            proposal: str, top_k: int, key) -> DraftPaths:
+            proposal: str, top_k: int, key, forced_BxPxd=None) -> DraftPaths:
   """Grows S draft paths of depth d from each row p in `rows_BxP`.
 
   cache: the drafter cache after the TTT unroll; slots < context_len hold the step-0
@@ -116,6 +120,8 @@ def rollout(drafter: Eagle3Drafter, cache: KVCache, *, context_len: int, first_f
   """
   if proposal not in PROPOSALS:
     raise ValueError(f"proposal must be one of {PROPOSALS}, got {proposal!r}")
+  if (proposal == "forced") != (forced_BxPxd is not None):
+    raise ValueError("forced_BxPxd is given exactly when proposal='forced'")
   if num_paths <= 0 or depth <= 0 or top_k <= 0:
     raise ValueError(f"num_paths, depth and top_k must be positive, got "
                      f"{num_paths}, {depth}, {top_k}")
@@ -136,7 +142,9 @@ def rollout(drafter: Eagle3Drafter, cache: KVCache, *, context_len: int, first_f
   # Depth 0: a single frontier node (the root).
   cum = jnp.full((b, n_pos, s), _NEG).at[..., 0].set(0.0)
   root_logq = jnp.broadcast_to(score0[:, :, None], (b, n_pos, s) + score0.shape[-1:])
-  tokens, cum, _ = _select(proposal, root_logq, cum, s, top_k, keys[0], at_root=True)
+  forced = None if forced_BxPxd is None else jnp.maximum(forced_BxPxd, 0).astype(jnp.int32)
+  tokens, cum, _ = _select(proposal, root_logq, cum, s, top_k, keys[0], at_root=True,
+                           forced_BxP=None if forced is None else forced[..., 0])
   paths = tokens[..., None]
   entry = jnp.zeros((b, n_pos, s, 1), jnp.int32)
   hidden_in = jnp.broadcast_to(_gather_rows(hidden0_BxTxD, rows_BxP)[:, :, None],
@@ -151,14 +159,17 @@ def rollout(drafter: Eagle3Drafter, cache: KVCache, *, context_len: int, first_f
     visible = context_BxPxC[:, :, None] | (slots_C == own_slots[..., None])
     for a in range(i - 1):
       visible = visible | (slots_C == ancestors[..., a][..., None])
+    # The drafter embeds target ids (its embedding is the target's); paths hold draft ids.
+    inputs = draft_to_target_ids(drafter.d2t[...], paths[..., -1])
     logits, out_hidden, cache = drafter(
-        paths[..., -1].reshape(b, n_pos * s), hidden_in.reshape(b, n_pos * s, -1),
+        inputs.reshape(b, n_pos * s), hidden_in.reshape(b, n_pos * s, -1),
         (positions_BxPxS + i).reshape(b, n_pos * s), cache,
         slots_BxT=own_slots.reshape(b, n_pos * s),
         visible_BxTxS=visible.reshape(b, n_pos * s, -1))
     logq = jax.nn.log_softmax(logits.astype(jnp.float32), -1).reshape(b, n_pos, s, -1)
     logqs.append(logq)
-    token, cum, parent = _select(proposal, jax.lax.stop_gradient(logq), cum, s, top_k, keys[i])
+    token, cum, parent = _select(proposal, jax.lax.stop_gradient(logq), cum, s, top_k, keys[i],
+                                 forced_BxP=None if forced is None else forced[..., i])
     take = lambda x: jnp.take_along_axis(x, parent.reshape(parent.shape + (1,) * (x.ndim - 3)),
                                          axis=2)
     paths = jnp.concatenate([take(paths), token[..., None]], axis=-1)
@@ -169,7 +180,7 @@ def rollout(drafter: Eagle3Drafter, cache: KVCache, *, context_len: int, first_f
 
 
 def _select(proposal: str, logq_BxPxSxV, cum_BxPxS, s: int, top_k: int, key,
-            at_root: bool = False):
+            at_root: bool = False, forced_BxP=None):
   """Next tokens for S paths: (token, cumulative log q, parent path), each [B, P, S].
 
   At the root only path 0 is a real frontier node (the others are its copies)."""
@@ -187,6 +198,8 @@ def _select(proposal: str, logq_BxPxSxV, cum_BxPxS, s: int, top_k: int, key,
   logq = jnp.take_along_axis(logq_BxPxSxV, parent[..., None], axis=2)
   if proposal == "greedy":
     token = jnp.argmax(logq, -1).astype(jnp.int32)
+  elif proposal == "forced":
+    token = jnp.broadcast_to(forced_BxP[..., None], cum_BxPxS.shape)
   else:
     token = jax.random.categorical(key, logq, axis=-1).astype(jnp.int32)
   cum = jnp.take_along_axis(jnp.where(frontier_ok, cum_BxPxS, 0.0), parent, axis=2)

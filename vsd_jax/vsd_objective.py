@@ -18,6 +18,13 @@ M-step: L_WL = - sum_s w~_s sum_j log q(z~_j | x, z~_<j) with ARW's w~ = w - c *
 c = sg(the drafter's mean max-probability over the S paths' nodes); L_CAR = the unlikelihood
 penalty on rejected draft tokens with q > gamma. Both are means over sampled positions.
 
+`vsd_continue` (spec step 3's option, off by default): every corrected path goes on with the
+target's greedy path to depth d. Under greedy acceptance that makes all S corrected paths the
+oracle's own d tokens, so L_WL becomes (sum_s w~_s) = (1 - c) times the hard negative
+log-likelihood of the data's next d tokens along the drafter's own chain (a forced rollout):
+the path weights no longer matter, and the term is a one-hot TTT-like loss to depth d next to
+L_div's soft one. It needs the target's continuation, which only `vsd_oracle=data` has.
+
 Special case (documented, tested): S = 1, ARW and CAR off. Then w = 1 and L_WL is the hard
 (one-hot) negative log-likelihood of the first l + 1 oracle tokens along the drafter's own
 states, where l is how many tokens the single proposal got accepted: a token-level TTT loss
@@ -36,14 +43,23 @@ from vsd_jax.eagle3_ttt import eagle3_training
 from vsd_jax.objective_api import Objective
 from vsd_jax.target_oracle import target_oracle
 from vsd_jax.vsd_diagnostics import tree_diagnostics_fn
-from vsd_jax.vsd_paths import (arw_weights, car_penalty, corrected_paths, path_weights,
-                               rejected_tokens, weighted_path_nll)
+from vsd_jax.vsd_paths import (arw_weights, car_penalty, continued_keep, corrected_paths,
+                               path_weights, rejected_tokens, weighted_path_nll)
 
 
-def vsd_terms(paths, oracle_BxPxd, pos_valid_BxP, cfg) -> dict[str, jax.Array]:
-  """Per-position L_WL and L_CAR [B, P] and E-step statistics from proposals and the oracle."""
+def vsd_terms(paths, oracle_BxPxd, pos_valid_BxP, cfg, oracle_chain=None) -> dict[str, jax.Array]:
+  """Per-position L_WL and L_CAR [B, P] and E-step statistics from proposals and the oracle.
+
+  oracle_chain: with `vsd_continue`, the drafter's states along the oracle's own tokens (a
+  `forced` rollout with S = 1), which score the continued corrected paths.
+  """
   valid = paths.valid & pos_valid_BxP[..., None]
   corrected, keep, length = corrected_paths(paths.tokens, oracle_BxPxd)
+  logq_corrected = paths.log_prob(corrected)
+  if cfg.vsd_continue:
+    keep = jnp.broadcast_to(continued_keep(oracle_BxPxd)[..., None, :], keep.shape)
+    logq_corrected = jnp.broadcast_to(oracle_chain.log_prob(oracle_BxPxd[..., None, :]),
+                                      keep.shape)
   keep = keep & valid[..., None]
   weights = path_weights(length, valid, cfg.vsd_eta)
   max_prob = paths.max_prob()
@@ -53,7 +69,7 @@ def vsd_terms(paths, oracle_BxPxd, pos_valid_BxP, cfg) -> dict[str, jax.Array]:
       / jnp.maximum(node_ok.sum((-1, -2)), 1))
   if cfg.vsd_arw:
     weights = arw_weights(weights, confidence, valid)
-  wl = weighted_path_nll(paths.log_prob(corrected), keep, weights)
+  wl = weighted_path_nll(logq_corrected, keep, weights)
   _, is_rejected = rejected_tokens(paths.tokens, oracle_BxPxd, length)
   at = jnp.minimum(length, paths.tokens.shape[-1] - 1)  # the rejected depth (if any)
   q_rejected = jnp.exp(jnp.take_along_axis(paths.log_prob(paths.tokens), at[..., None],
@@ -67,7 +83,9 @@ def make_vsd_objective(cfg, target: Decoder, token_counts_Vt: np.ndarray) -> Obj
     raise ValueError(f"--objective=vsd trains EAGLE-3 drafters (specs/vsd.md); preset "
                      f"{cfg.name!r} has drafter={cfg.drafter!r}")
   e3 = eagle3_training(cfg, target, token_counts_Vt)
-  extra = (cfg.vsd_depth - 1) * cfg.vsd_positions * cfg.vsd_paths
+  path_slots = (cfg.vsd_depth - 1) * cfg.vsd_positions * cfg.vsd_paths
+  chain_slots = (cfg.vsd_depth - 1) * cfg.vsd_positions if cfg.vsd_continue else 0
+  extra = path_slots + chain_slots
   if cfg.vsd_positions > cfg.seq_len:
     raise ValueError(f"vsd_positions={cfg.vsd_positions} exceeds seq_len={cfg.seq_len}")
 
@@ -89,7 +107,14 @@ def make_vsd_objective(cfg, target: Decoder, token_counts_Vt: np.ndarray) -> Obj
     else:
       oracle = oracle_tokens(batch["tokens"], batch["loss_mask"], frozen["t2d_index"], rows,
                              cfg.vsd_depth)
-    terms = vsd_terms(paths, oracle, pos_valid, cfg)
+    chain = None
+    if cfg.vsd_continue:
+      chain = rollout(model, cache, context_len=t,
+                      first_free_slot=cfg.ttt_steps * t + path_slots,
+                      logits0_BxTxVd=logits_KxBxTxVd[0], hidden0_BxTxD=hidden0, rows_BxP=rows,
+                      num_paths=1, depth=cfg.vsd_depth, proposal="forced", top_k=1,
+                      key=k_paths, forced_BxPxd=oracle)
+    terms = vsd_terms(paths, oracle, pos_valid, cfg, chain)
     n = jnp.maximum(pos_valid.sum(), 1)
     wl = jnp.where(pos_valid, terms["wl"], 0.0).sum() / n
     car = jnp.where(pos_valid, terms["car"], 0.0).sum() / n
@@ -108,7 +133,7 @@ def make_vsd_objective(cfg, target: Decoder, token_counts_Vt: np.ndarray) -> Obj
   describe = {**e3.describe, "objective": "vsd",
               **{k: getattr(cfg, k) for k in ("vsd_paths", "vsd_depth", "vsd_top_k",
                                                "vsd_proposal", "vsd_oracle", "vsd_positions", "vsd_eta",
-                                               "vsd_arw", "vsd_car", "vsd_gamma",
+                                               "vsd_arw", "vsd_car", "vsd_gamma", "vsd_continue",
                                                "vsd_lambda_div", "vsd_lambda_wl",
                                                "vsd_lambda_car")}}
   return Objective(name="vsd", trainable=e3.trainable, frozen=e3.frozen, loss_fn=loss_fn,

@@ -47,14 +47,28 @@ def corrected_paths(paths, oracle):
 
   tokens: the accepted prefix, then the oracle token at the first rejected depth (the rest is
   the oracle too, but `keep` is False there: the path stops after its correction, spec step 3
-  without the optional continuation). A sentinel oracle token cannot be a training label, so
-  `keep` is also False at a correction that lands on UNKNOWN or NOT_DRAFTABLE.
+  without the optional continuation; see `continued_keep` for it). A sentinel oracle token
+  cannot be a training label, so `keep` is also False at a correction that lands on UNKNOWN or
+  NOT_DRAFTABLE.
   """
   length = accepted_length(paths, oracle)
   depth = jnp.arange(paths.shape[-1])
   tokens = jnp.where(depth < length[..., None], paths, per_path(oracle, paths))
   keep = (depth <= length[..., None]) & (tokens >= 0)
   return tokens, keep, length
+
+
+def continued_keep(oracle):
+  """bool [..., d]: spec step 3 with its optional continuation, for a shared oracle [..., d].
+
+  Continuing a corrected path with the target's greedy path to depth d makes every path's
+  corrected path the whole oracle o_0..o_{d-1}: its accepted prefix already is the oracle's
+  (greedy acceptance). The path's labels are then the oracle's tokens up to its first
+  sentinel (an unknown or undraftable token ends the path: nothing to label there, and the
+  drafter could not have proposed it), scored along the oracle's own chain of drafter states,
+  not the draft path's (past the correction the two prefixes differ).
+  """
+  return jnp.cumprod((oracle >= 0).astype(jnp.int32), axis=-1) > 0
 
 
 def rejected_tokens(paths, oracle, length):
