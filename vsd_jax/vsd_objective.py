@@ -47,7 +47,8 @@ from vsd_jax.vsd_paths import (arw_weights, car_penalty, continued_keep, correct
                                path_weights, rejected_tokens, weighted_path_nll)
 
 
-def vsd_terms(paths, oracle_BxPxd, pos_valid_BxP, cfg, oracle_chain=None) -> dict[str, jax.Array]:
+def vsd_terms(paths, oracle_BxPxd, pos_valid_BxP, cfg,
+              oracle_chain=None) -> dict[str, jax.Array]:
   """Per-position L_WL and L_CAR [B, P] and E-step statistics from proposals and the oracle.
 
   oracle_chain: with `vsd_continue`, the drafter's states along the oracle's own tokens (a
