@@ -66,6 +66,7 @@ class TrainConfig:
   vsd_oracle: str = "data"  # data: the target-regenerated greedy text | target: a tree forward
   vsd_positions: int = 4  # context positions sampled per sequence per step
   vsd_eta: float = 1.0  # path weights softmax(eta * utility)
+  vsd_utility: str = "accepted"  # accepted length | expected (T=1 acceptance; target oracle)
   vsd_arw: bool = True  # adaptive rejection weighting (control variate on the weights)
   vsd_car: bool = True  # confidence-aware regularisation (unlikelihood on hard negatives)
   vsd_gamma: float = 0.5  # CAR's confidence threshold
@@ -122,6 +123,11 @@ class TrainConfig:
       raise ValueError("vsd_oracle=data needs the target's greedy answers as training text; "
                        "this preset samples them (answer_temperature="
                        f"{self.data.answer_temperature}), so use vsd_oracle=target")
+    if self.vsd_utility not in ("accepted", "expected"):
+      raise ValueError(f"vsd_utility must be accepted or expected, got {self.vsd_utility!r}")
+    if self.vsd_utility == "expected" and self.vsd_oracle != "target":
+      raise ValueError("vsd_utility=expected needs the target's probability of every path "
+                       "token, which only the target forward gives (vsd_oracle=target)")
     if self.vsd_continue and self.vsd_oracle != "data":
       raise ValueError("vsd_continue needs the target's greedy continuation to depth d, which "
                        "only the data has (vsd_oracle=data); vsd_oracle=target gives the "

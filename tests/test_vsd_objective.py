@@ -16,8 +16,8 @@ from vsd_jax.draft_paths import oracle_tokens, rollout, sample_positions
 from vsd_jax.sharding_rules import make_mesh
 from vsd_jax.trainer import Trainer
 from vsd_jax.vsd_paths import (NOT_DRAFTABLE, UNKNOWN, accepted_length, arw_weights, car_penalty,
-                               continued_keep, corrected_paths, path_weights, rejected_tokens,
-                               weighted_path_nll)
+                               continued_keep, corrected_paths, expected_accepted_length,
+                               path_weights, rejected_tokens, weighted_path_nll)
 
 # ------------------------------------------------------------------ hand-built E/M-step cases
 
@@ -56,6 +56,21 @@ def test_the_continued_path_is_the_oracle_up_to_its_first_sentinel():
   np.testing.assert_array_equal(continued_keep(jnp.array([[5, 6, UNKNOWN, 8],
                                                           [NOT_DRAFTABLE, 6, 7, 8]])),
                                 [[True, True, False, False], [False] * 4])
+
+
+def test_expected_accepted_length_by_hand():
+  logq = jnp.log(jnp.array([[0.5, 0.4, 0.2], [0.5, 0.4, 0.2]]))
+  p_same = logq  # the target agrees with the drafter: everything is accepted
+  np.testing.assert_allclose(expected_accepted_length(p_same, logq), [3.0, 3.0], rtol=1e-6)
+  # alpha = min(1, p / q) = [1, 0.5, 1]: 1 + 0.5 + 0.5
+  p = jnp.log(jnp.array([[0.9, 0.2, 0.3]]))
+  np.testing.assert_allclose(expected_accepted_length(p, logq[:1]), [2.0], rtol=1e-6)
+  # A one-hot target (T = 0) gives the accepted length back.
+  paths = jnp.array([[5, 6, 1], [4, 6, 7], [5, 6, 7]])
+  oracle = jnp.array([5, 6, 7])
+  one_hot = jnp.where(paths == oracle, 0.0, -jnp.inf)
+  np.testing.assert_allclose(expected_accepted_length(one_hot, jnp.log(jnp.full((3, 3), 0.3))),
+                             accepted_length(paths, oracle))
 
 
 def test_path_weights_are_a_softmax_over_valid_paths():
@@ -365,6 +380,61 @@ def test_target_oracle_equals_the_data_on_target_greedy_data(tiny):
   assert checked > 10
   # Past the data's end the target keeps answering, so paths can only be accepted further.
   assert (np.asarray(accepted_length(paths.tokens, oracle)) >= length)[np.asarray(ok)].all()
+
+
+def test_target_verdicts_give_the_targets_probabilities_along_the_data(tiny):
+  """Where a path still follows the data, the target's log p of its token after the path's
+  prefix is the plain forward's log p of that token at the same position."""
+  import flax.nnx as nnx
+  from vsd_jax.target_oracle import target_verdicts
+  trainer, batch = tiny
+  _, model, rows, ok, paths, data_oracle = _forward_and_paths(trainer, batch, "tree", 4, 4, 5)
+  target = trainer.target.model
+  oracle, logp = target_verdicts(target, batch["tokens"], rows, paths.tokens, model.d2t[...],
+                                 trainer.frozen["t2d_index"])
+  assert logp.shape == paths.tokens.shape and np.isfinite(np.asarray(logp)).all()
+  tokens = np.asarray(batch["tokens"])
+  t = tokens.shape[1]
+  from models.kv_cache import KVCache as Cache
+  logits, _, _ = target(batch["tokens"], jnp.broadcast_to(jnp.arange(t), tokens.shape),
+                        Cache.create(target.cfg, tokens.shape[0], t))
+  full = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32), -1))  # [B, T, V]
+  ids = np.asarray(model.d2t[...])[np.asarray(paths.tokens)] + np.asarray(paths.tokens)
+  length = np.asarray(accepted_length(paths.tokens, data_oracle))
+  checked = 0
+  for b, k, s_ in zip(*np.nonzero(np.asarray(ok)[:, :, None] & np.ones(ids.shape[:3], bool))):
+    p = int(rows[b, k])
+    for j in range(min(int(length[b, k, s_]) + 1, ids.shape[-1])):  # prefix on the data
+      if p + 1 + j >= t:
+        break
+      np.testing.assert_allclose(float(logp[b, k, s_, j]), full[b, p + 1 + j, ids[b, k, s_, j]],
+                                 atol=2e-4)
+      checked += 1
+  assert checked > 10
+
+
+def test_expected_utility_trains_and_needs_the_target_oracle(tiny):
+  trainer, batch = tiny
+  from vsd_jax.vsd_objective import make_vsd_objective
+  from vsd_jax.data import response_token_counts
+  cfg = dataclasses.replace(trainer.cfg, vsd_oracle="target", vsd_utility="expected")
+  obj = make_vsd_objective(cfg, trainer.target.model, response_token_counts(
+      trainer.data_dir, trainer.target.cfg.vocab_size))
+  (loss, m), g = jax.value_and_grad(obj.loss_fn, has_aux=True)(
+      trainer.state.params, trainer.frozen, batch, jax.random.key(3))
+  assert np.isfinite(float(loss)) and obj.describe["vsd_utility"] == "expected"
+  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(g))
+  accepted = make_vsd_objective(dataclasses.replace(cfg, vsd_utility="accepted"),
+                                trainer.target.model, response_token_counts(
+                                    trainer.data_dir, trainer.target.cfg.vocab_size))
+  _, m_acc = accepted.loss_fn(trainer.state.params, trainer.frozen, batch, jax.random.key(3))
+  # Same proposals and corrected paths; only the weights differ.
+  assert float(m["loss_wl"]) != float(m_acc["loss_wl"])
+  np.testing.assert_allclose(float(m["loss_car"]), float(m_acc["loss_car"]), rtol=1e-6)
+  with pytest.raises(ValueError, match="vsd_utility=expected needs"):
+    dataclasses.replace(trainer.cfg, vsd_utility="expected")
+  with pytest.raises(ValueError, match="vsd_utility must be accepted or expected"):
+    dataclasses.replace(trainer.cfg, vsd_utility="mean")
 
 
 def test_vsd_with_the_target_oracle_trains(tiny):

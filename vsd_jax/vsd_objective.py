@@ -12,7 +12,9 @@ training data is the target's greedy text, so the target's greedy continuation f
 data's next d tokens and needs no extra target forward (`vsd_oracle=data`; for other data,
 `vsd_oracle=target` asks the target about every path prefix: vsd_jax/target_oracle.py). Each path keeps its accepted prefix
 and its first rejected token is replaced by the oracle token (vsd_jax/vsd_paths.py); utility
-U_s = the accepted length; w = softmax_s(eta * U).
+U_s = the accepted length (`vsd_utility=expected`, target oracle only: the expected number of
+tokens speculative sampling at temperature 1 accepts, sum_j prod_{i<=j} min(1, p/q));
+w = softmax_s(eta * U).
 
 M-step: L_WL = - sum_s w~_s sum_j log q(z~_j | x, z~_<j) with ARW's w~ = w - c * mean(w),
 c = sg(the drafter's mean max-probability over the S paths' nodes); L_CAR = the unlikelihood
@@ -41,18 +43,21 @@ from models.llama import Decoder
 from vsd_jax.draft_paths import oracle_tokens, rollout, sample_positions
 from vsd_jax.eagle3_ttt import eagle3_training
 from vsd_jax.objective_api import Objective
-from vsd_jax.target_oracle import target_oracle
+from vsd_jax.target_oracle import target_verdicts
 from vsd_jax.vsd_diagnostics import tree_diagnostics_fn
 from vsd_jax.vsd_paths import (arw_weights, car_penalty, continued_keep, corrected_paths,
-                               path_weights, rejected_tokens, weighted_path_nll)
+                               expected_accepted_length, path_weights, rejected_tokens,
+                               weighted_path_nll)
 
 
-def vsd_terms(paths, oracle_BxPxd, pos_valid_BxP, cfg,
-              oracle_chain=None) -> dict[str, jax.Array]:
+def vsd_terms(paths, oracle_BxPxd, pos_valid_BxP, cfg, oracle_chain=None,
+              target_logp=None) -> dict[str, jax.Array]:
   """Per-position L_WL and L_CAR [B, P] and E-step statistics from proposals and the oracle.
 
   oracle_chain: with `vsd_continue`, the drafter's states along the oracle's own tokens (a
   `forced` rollout with S = 1), which score the continued corrected paths.
+  target_logp: with `vsd_utility=expected`, the target's log-probability of every path token
+  [B, P, S, d] (vsd_jax/target_oracle.py `target_verdicts`).
   """
   valid = paths.valid & pos_valid_BxP[..., None]
   corrected, keep, length = corrected_paths(paths.tokens, oracle_BxPxd)
@@ -62,7 +67,11 @@ def vsd_terms(paths, oracle_BxPxd, pos_valid_BxP, cfg,
     logq_corrected = jnp.broadcast_to(oracle_chain.log_prob(oracle_BxPxd[..., None, :]),
                                       keep.shape)
   keep = keep & valid[..., None]
-  weights = path_weights(length, valid, cfg.vsd_eta)
+  utility = length
+  if cfg.vsd_utility == "expected":
+    utility = jax.lax.stop_gradient(expected_accepted_length(
+        target_logp, paths.log_prob(paths.tokens)))
+  weights = path_weights(utility, valid, cfg.vsd_eta)
   max_prob = paths.max_prob()
   node_ok = jnp.broadcast_to(valid[..., None], keep.shape)
   confidence = jax.lax.stop_gradient(
@@ -101,8 +110,9 @@ def make_vsd_objective(cfg, target: Decoder, token_counts_Vt: np.ndarray) -> Obj
                     logits0_BxTxVd=logits_KxBxTxVd[0], hidden0_BxTxD=hidden0, rows_BxP=rows,
                     num_paths=cfg.vsd_paths, depth=cfg.vsd_depth, proposal=cfg.vsd_proposal,
                     top_k=cfg.vsd_top_k, key=k_paths)
+    target_logp = None
     if cfg.vsd_oracle == "target":
-      oracle = jax.lax.stop_gradient(target_oracle(
+      oracle, target_logp = jax.lax.stop_gradient(target_verdicts(
           e3.target_model(frozen), batch["tokens"], rows, paths.tokens, model.d2t[...],
           frozen["t2d_index"]))
     else:
@@ -115,7 +125,7 @@ def make_vsd_objective(cfg, target: Decoder, token_counts_Vt: np.ndarray) -> Obj
                       logits0_BxTxVd=logits_KxBxTxVd[0], hidden0_BxTxD=hidden0, rows_BxP=rows,
                       num_paths=1, depth=cfg.vsd_depth, proposal="forced", top_k=1,
                       key=k_paths, forced_BxPxd=oracle)
-    terms = vsd_terms(paths, oracle, pos_valid, cfg, chain)
+    terms = vsd_terms(paths, oracle, pos_valid, cfg, chain, target_logp)
     n = jnp.maximum(pos_valid.sum(), 1)
     wl = jnp.where(pos_valid, terms["wl"], 0.0).sum() / n
     car = jnp.where(pos_valid, terms["car"], 0.0).sum() / n
@@ -134,6 +144,7 @@ def make_vsd_objective(cfg, target: Decoder, token_counts_Vt: np.ndarray) -> Obj
   describe = {**e3.describe, "objective": "vsd",
               **{k: getattr(cfg, k) for k in ("vsd_paths", "vsd_depth", "vsd_top_k",
                                                "vsd_proposal", "vsd_oracle", "vsd_positions", "vsd_eta",
+                                               "vsd_utility",
                                                "vsd_arw", "vsd_car", "vsd_gamma", "vsd_continue",
                                                "vsd_lambda_div", "vsd_lambda_wl",
                                                "vsd_lambda_car")}}

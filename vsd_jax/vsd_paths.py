@@ -84,6 +84,18 @@ def rejected_tokens(paths, oracle, length):
   return token, (length < d) & (oracle_at != UNKNOWN)
 
 
+def expected_accepted_length(logp_target, logq_draft):
+  """float32 [..., S]: sum_j prod_{i <= j} alpha_i with alpha_i = min(1, p(z_i) / q(z_i)).
+
+  Spec step 4's `utility=expected`: the expected number of a path's tokens that speculative
+  sampling (temperature 1) accepts, from the target's and the drafter's probabilities of the
+  path's own tokens after its own prefix (both [..., S, d], natural logs). With a one-hot
+  target (T = 0) it is the accepted length.
+  """
+  alpha = jnp.exp(jnp.minimum(logp_target - logq_draft, 0.0))
+  return jnp.cumprod(alpha, axis=-1).sum(-1)
+
+
 def path_weights(utility, valid, eta: float = 1.0):
   """w_s = softmax_s(eta * U_s) over the valid paths (float32 [..., S]; all zero if none)."""
   logits = jnp.where(valid, eta * utility.astype(jnp.float32), -jnp.inf)
