@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from configs.train_presets import get_preset, with_overrides
+from models.eagle3 import draft_to_target_ids
 from models.kv_cache import KVCache
 from vsd_jax.data import fixed_batches
 from vsd_jax.draft_paths import oracle_tokens, rollout, sample_positions
@@ -176,7 +177,7 @@ def test_tree_paths_match_drafting_one_path_at_a_time(tiny):
                              pos, cache)
         ref = [jax.nn.log_softmax(lg[0, p])[z[0]]]
         h_prev = h[:, p:p + 1]
-        target_ids = np.asarray(model.d2t[...])[z] + z  # the drafter embeds target ids
+        target_ids = draft_to_target_ids(model.d2t[...], z)  # the drafter embeds target ids
         for i in range(1, len(z)):
           lg, h_prev, cache = model(jnp.asarray([[target_ids[i - 1]]]), h_prev,
                                     jnp.asarray([[p + i]]), cache)
@@ -385,7 +386,6 @@ def test_target_oracle_equals_the_data_on_target_greedy_data(tiny):
 def test_target_verdicts_give_the_targets_probabilities_along_the_data(tiny):
   """Where a path still follows the data, the target's log p of its token after the path's
   prefix is the plain forward's log p of that token at the same position."""
-  import flax.nnx as nnx
   from vsd_jax.target_oracle import target_verdicts
   trainer, batch = tiny
   _, model, rows, ok, paths, data_oracle = _forward_and_paths(trainer, batch, "tree", 4, 4, 5)
@@ -395,11 +395,10 @@ def test_target_verdicts_give_the_targets_probabilities_along_the_data(tiny):
   assert logp.shape == paths.tokens.shape and np.isfinite(np.asarray(logp)).all()
   tokens = np.asarray(batch["tokens"])
   t = tokens.shape[1]
-  from models.kv_cache import KVCache as Cache
   logits, _, _ = target(batch["tokens"], jnp.broadcast_to(jnp.arange(t), tokens.shape),
-                        Cache.create(target.cfg, tokens.shape[0], t))
+                        KVCache.create(target.cfg, tokens.shape[0], t))
   full = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32), -1))  # [B, T, V]
-  ids = np.asarray(model.d2t[...])[np.asarray(paths.tokens)] + np.asarray(paths.tokens)
+  ids = np.asarray(draft_to_target_ids(model.d2t[...], paths.tokens))
   length = np.asarray(accepted_length(paths.tokens, data_oracle))
   checked = 0
   for b, k, s_ in zip(*np.nonzero(np.asarray(ok)[:, :, None] & np.ones(ids.shape[:3], bool))):

@@ -46,7 +46,8 @@ def target_verdicts(target: Decoder, tokens_BxT, rows_BxP, paths_BxPxSxd, d2t_Vd
   context = (slots_C < t) & (slots_C <= rows_BxP[:, :, None, None, None] + 1)  # [B,P,1,1,C]
   own = ((slots_C >= slots[..., :1, None]) & (slots_C <= slots[..., None]))  # same path, <= j
   visible = (context | own).reshape(b, n, t + n)
-  node_logits, _, _ = target(draft_to_target_ids(d2t_Vd, paths_BxPxSxd).reshape(b, n),
+  path_ids = draft_to_target_ids(d2t_Vd, paths_BxPxSxd)
+  node_logits, _, _ = target(path_ids.reshape(b, n),
                              node_pos.reshape(b, n), cache,
                              slots_BxT=jnp.broadcast_to(slots, paths_BxPxSxd.shape).reshape(b, n),
                              visible_BxTxS=visible)
@@ -58,7 +59,6 @@ def target_verdicts(target: Decoder, tokens_BxT, rows_BxP, paths_BxPxSxd, d2t_Vd
                             after[..., :-1]], axis=-1)
   draft = t2d_index_Vt[greedy]
   oracle = jnp.where(draft >= 0, draft, NOT_DRAFTABLE).astype(jnp.int32)
-  path_ids = draft_to_target_ids(d2t_Vd, paths_BxPxSxd)
   root_logp = jnp.take_along_axis(  # [B, P, S]
       jax.nn.log_softmax(root_logits.astype(jnp.float32), -1), path_ids[..., 0], axis=-1)
   node_logp = jnp.take_along_axis(  # [B, P, S, d - 1]

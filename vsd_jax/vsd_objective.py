@@ -61,16 +61,17 @@ def vsd_terms(paths, oracle_BxPxd, pos_valid_BxP, cfg, oracle_chain=None,
   """
   valid = paths.valid & pos_valid_BxP[..., None]
   corrected, keep, length = corrected_paths(paths.tokens, oracle_BxPxd)
-  logq_corrected = paths.log_prob(corrected)
   if cfg.vsd_continue:
     keep = jnp.broadcast_to(continued_keep(oracle_BxPxd)[..., None, :], keep.shape)
     logq_corrected = jnp.broadcast_to(oracle_chain.log_prob(oracle_BxPxd[..., None, :]),
                                       keep.shape)
+  else:
+    logq_corrected = paths.log_prob(corrected)
   keep = keep & valid[..., None]
+  logq_drafts = paths.log_prob(paths.tokens)
   utility = length
   if cfg.vsd_utility == "expected":
-    utility = jax.lax.stop_gradient(expected_accepted_length(
-        target_logp, paths.log_prob(paths.tokens)))
+    utility = jax.lax.stop_gradient(expected_accepted_length(target_logp, logq_drafts))
   weights = path_weights(utility, valid, cfg.vsd_eta)
   max_prob = paths.max_prob()
   node_ok = jnp.broadcast_to(valid[..., None], keep.shape)
@@ -82,7 +83,7 @@ def vsd_terms(paths, oracle_BxPxd, pos_valid_BxP, cfg, oracle_chain=None,
   wl = weighted_path_nll(logq_corrected, keep, weights)
   _, is_rejected = rejected_tokens(paths.tokens, oracle_BxPxd, length)
   at = jnp.minimum(length, paths.tokens.shape[-1] - 1)  # the rejected depth (if any)
-  q_rejected = jnp.exp(jnp.take_along_axis(paths.log_prob(paths.tokens), at[..., None],
+  q_rejected = jnp.exp(jnp.take_along_axis(logq_drafts, at[..., None],
                                            axis=-1)[..., 0])
   car = car_penalty(q_rejected, is_rejected & valid, cfg.vsd_gamma)
   return {"wl": wl, "car": car, "length": length, "valid": valid, "confidence": confidence}
