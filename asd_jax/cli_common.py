@@ -60,6 +60,26 @@ def split_list_flag(text: str, flag: str) -> list[str]:
   return fields
 
 
+def attach_dash_values(argv: list[str], flags: tuple[str, ...]) -> list[str]:
+  """['--prompt-ids', '-1,5'] -> ['--prompt-ids=-1,5'] for each flag in `flags`.
+
+  argparse takes a value starting with '-' for an option unless it is one plain negative
+  number, so '-1,5' would end in "expected one argument". Attached to its flag, the value
+  reaches the ids check, which names the bad id."""
+  out: list[str] = []
+  i = 0
+  while i < len(argv):
+    arg = argv[i]
+    value = argv[i + 1] if i + 1 < len(argv) else ""
+    if arg in flags and value[:1] == "-" and value[1:2].isdigit():
+      out.append(f"{arg}={value}")
+      i += 2
+      continue
+    out.append(arg)
+    i += 1
+  return out
+
+
 def parse_prompt_ids(text: str) -> list[int]:
   if not text.strip():
     raise ValueError("empty prompt: --prompt-ids has no ids")
@@ -69,11 +89,12 @@ def parse_prompt_ids(text: str) -> list[int]:
     ids = [int(x) for x in fields]
   except ValueError:
     raise ValueError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
-  # Prompts are int32 arrays; the vocabulary check comes later (it needs the model), but an id
-  # past int32 would fail before it, in NumPy, with a traceback.
-  huge = [i for i in ids if not -2**31 <= i < 2**31]
-  if huge:
-    raise ValueError(f"--prompt-ids: token id {huge[0]} is outside any vocabulary")
+  # The vocabulary check comes later (it needs the model); a negative id, or one past int32
+  # (prompts are int32 arrays: NumPy would fail first, with a traceback), is outside any
+  # vocabulary, so it is refused before a model is loaded.
+  outside = [i for i in ids if not 0 <= i < 2**31]
+  if outside:
+    raise ValueError(f"--prompt-ids: token id {outside[0]} is outside any vocabulary")
   return ids
 
 

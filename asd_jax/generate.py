@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import jax
 import numpy as np
 
-from asd_jax.cli_common import (enable_compilation_cache, parse_prompt_ids, right_pad, run_cli,
-                                text_stream)
+from asd_jax.cli_common import (attach_dash_values, enable_compilation_cache, parse_prompt_ids,
+                                right_pad, run_cli, text_stream)
 from asd_jax.asd_config import PAPER, ASDConfig
 from asd_jax.plain_decode import plain_decode
 from asd_jax.sampling import SamplingConfig
@@ -76,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 @run_cli
 def main(argv=None):
-  args = build_parser().parse_args(argv)
+  argv = sys.argv[1:] if argv is None else list(argv)
+  args = build_parser().parse_args(attach_dash_values(argv, ("--prompt-ids",)))
   sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
   if args.max_new_tokens <= 0:
     raise ValueError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")

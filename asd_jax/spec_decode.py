@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -227,8 +226,6 @@ def prepare_request(target: LanguageModelFns, drafter_vocab: int, prompt_BxT, le
   if rule in ("strict", "asd") and not sampling.greedy:
     raise ValueError(f"rule {rule!r} is greedy (temperature 0); use rule='sample' for "
                      f"temperature {sampling.temperature}")
-  if not (math.isfinite(asd_config.budget) and math.isfinite(asd_config.gate)):
-    raise ValueError("ASD budget and gate must be finite")
   prompt, lengths = request_checks.check_prompts(prompt_BxT, lengths_B, target.vocab_size)
   max_new_tokens = request_checks.check_positive_int("max_new_tokens", max_new_tokens)
   request_checks.check_context(target.max_positions, lengths, max_new_tokens, target.name)

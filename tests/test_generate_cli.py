@@ -15,6 +15,10 @@ from tests.test_bench_cli import tiny_target  # noqa: F401  (module fixture)
     (["--prompt-ids", "1,2,"], "empty entry"),
     (["--prompt-ids", "1 2,3"], "comma-separated integers"),
     (["--prompt-ids", "5,99999999999"], "token id 99999999999 is outside any vocabulary"),
+    # A value starting with '-' reaches the ids check, not argparse's "expected one argument".
+    (["--prompt-ids", "-1,5"], "token id -1 is outside any vocabulary"),
+    (["--prompt-ids", "5,-2"], "token id -2 is outside any vocabulary"),
+    (["--prompt-ids", "-3"], "token id -3 is outside any vocabulary"),
     (["--prompt", "hi", "--max-new-tokens", "0"], "--max-new-tokens must be positive"),
     (["--prompt", "hi", "--temperature", "-1"], "temperature"),
     (["--prompt", "hi", "--top-p", "0"], "top_p"),
@@ -46,3 +50,15 @@ def test_nonfinite_logits_print_the_output_then_fail(tiny_target, tmp_path, caps
   out = json.loads(captured.out)
   assert out["tokens"] == [] and out["stats"]["nonfinite_logits"] is True
   assert "non-finite logits after 0 tokens" in captured.err
+
+
+def test_dash_values_attach_only_to_the_named_flag():
+  from asd_jax.cli_common import attach_dash_values
+
+  flags = ("--prompt-ids",)
+  assert attach_dash_values(["--prompt-ids", "-1,5", "--json"], flags) == \
+      ["--prompt-ids=-1,5", "--json"]
+  # Not a number after the flag: an option, left for argparse to report.
+  assert attach_dash_values(["--prompt-ids", "--json"], flags) == ["--prompt-ids", "--json"]
+  assert attach_dash_values(["--seed", "-1"], flags) == ["--seed", "-1"]
+  assert attach_dash_values(["--prompt-ids"], flags) == ["--prompt-ids"]
