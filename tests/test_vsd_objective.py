@@ -193,6 +193,24 @@ def test_tree_paths_match_drafting_one_path_at_a_time(tiny):
       assert len({tuple(z) for z in np.asarray(paths.tokens[b, k])}) == paths.tokens.shape[2]
 
 
+def _ttt_oracle_nll(logits, batch, rows, ok, t2d, depth):
+  """-sum_j log q(o_j) over the oracle's first `depth` tokens (an int, or one per position
+  [B, P]) before its first sentinel, under the TTT unroll's teacher-forced states (step j at
+  row p predicts the token at p + 2 + j)."""
+  tokens, mask = np.asarray(batch["tokens"]), np.asarray(batch["loss_mask"])
+  logq = np.asarray(jax.nn.log_softmax(logits, -1))  # [K, B, T, Vd]
+  depth_BxP = np.broadcast_to(depth, rows.shape)
+  out = np.zeros(rows.shape)
+  for b, k in zip(*np.nonzero(np.asarray(ok))):
+    p = int(rows[b, k])
+    for j in range(int(depth_BxP[b, k])):
+      at = p + 2 + j
+      if at >= tokens.shape[1] or mask[b, at] == 0 or t2d[tokens[b, at]] < 0:
+        break
+      out[b, k] -= logq[j, b, p, t2d[tokens[b, at]]]
+  return out
+
+
 def test_s1_without_arw_and_car_is_the_truncated_hard_ttt_loss(tiny):
   """S = 1, ARW and CAR off (the documented special case): L_WL at a position is the hard NLL
   of the first l + 1 data tokens under the TTT unroll's teacher-forced states."""
@@ -200,40 +218,11 @@ def test_s1_without_arw_and_car_is_the_truncated_hard_ttt_loss(tiny):
   logits, model, rows, ok, paths, oracle = _forward_and_paths(trainer, batch, "iid", 1, 4, 3)
   tokens_c, keep, length = corrected_paths(paths.tokens, oracle)
   wl = weighted_path_nll(paths.log_prob(tokens_c), keep, path_weights(length, paths.valid))
-  t2d = np.asarray(trainer.frozen["t2d_index"])
-  tokens, mask = np.asarray(batch["tokens"]), np.asarray(batch["loss_mask"])
-  logq = np.asarray(jax.nn.log_softmax(logits, -1))  # [K, B, T, Vd]
-  checked = 0
-  for b in range(tokens.shape[0]):
-    for k in range(rows.shape[1]):
-      if not ok[b, k]:
-        continue
-      p, l = int(rows[b, k]), int(length[b, k, 0])
-      expected = 0.0
-      for j in range(min(l + 1, 4)):
-        at = p + 2 + j
-        if at >= tokens.shape[1] or mask[b, at] == 0 or t2d[tokens[b, at]] < 0:
-          break
-        expected -= logq[j, b, p, t2d[tokens[b, at]]]
-      np.testing.assert_allclose(float(wl[b, k]), expected, rtol=2e-4, atol=2e-4)
-      checked += 1
-  assert checked >= 4
-
-
-def _ttt_oracle_nll(logits, batch, rows, ok, t2d, depth):
-  """-sum_j log q(o_j) over the oracle's tokens before its first sentinel, under the TTT
-  unroll's teacher-forced states (step j at row p predicts the token at p + 2 + j)."""
-  tokens, mask = np.asarray(batch["tokens"]), np.asarray(batch["loss_mask"])
-  logq = np.asarray(jax.nn.log_softmax(logits, -1))  # [K, B, T, Vd]
-  out = np.zeros(rows.shape)
-  for b, k in zip(*np.nonzero(np.asarray(ok))):
-    p = int(rows[b, k])
-    for j in range(depth):
-      at = p + 2 + j
-      if at >= tokens.shape[1] or mask[b, at] == 0 or t2d[tokens[b, at]] < 0:
-        break
-      out[b, k] -= logq[j, b, p, t2d[tokens[b, at]]]
-  return out
+  ok = np.asarray(ok)
+  expected = _ttt_oracle_nll(logits, batch, rows, ok, np.asarray(trainer.frozen["t2d_index"]),
+                             depth=np.minimum(np.asarray(length)[..., 0] + 1, 4))
+  assert ok.sum() >= 4
+  np.testing.assert_allclose(np.asarray(wl)[ok], expected[ok], rtol=2e-4, atol=2e-4)
 
 
 def test_continued_paths_are_the_oracle_chain_under_every_weight(tiny):
