@@ -40,10 +40,12 @@ class ChainDrafter:
       truncated, a shorter one padded with its own guesses, which only cost positions); when
       every active row's length is 0 it runs the round as one plain decoding step (a forward
       over 1 token; the commit is that of a round rejecting every draft token). It must depend
-      on committed tokens only, never on randomness, so that no rule's output changes, only
-      what a round costs. None: always verify all K. Rule "sample" always verifies all K
-      (the width would change how each row's key is used, so a sampled row would depend on
-      the rest of its batch).
+      on committed tokens only, never on randomness. Under the greedy rules no output then
+      changes, only what a round costs. Under rule "sample" a row accepts only its own first
+      draft_length tokens (a shorter draft, still lossless) and its noise is drawn for K
+      positions at every width, so a sampled row depends on its own length, never on the
+      other rows' (spec_sampling.speculative_sample's draft_lengths / noise_slots). None:
+      always verify all K.
   verify_widths: the widths below K the engine may verify instead (static: each one is a
       target forward of width + 1 tokens compiled into the loop).
   param_shapes: the arrays the params must have, as `LanguageModelFns.param_shapes` (None:

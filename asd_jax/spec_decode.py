@@ -32,7 +32,7 @@ from asd_jax.lm_api import LanguageModelFns
 from asd_jax.plain_decode import CAPACITY_BUCKET, DECODE_LOOP_COMPILER_OPTIONS
 from asd_jax.sampling import SamplingConfig, select_token
 from asd_jax.sampling_keys import row_keys, split_keys
-from asd_jax.spec_sampling import speculative_sample
+from asd_jax.spec_sampling import sample_without_draft, speculative_sample
 from asd_jax.token_stream import TokenStream
 from asd_jax.verify_output import VerifyOutput
 
@@ -49,7 +49,8 @@ def _as_verdict(v) -> VerifyOutput:
 
 
 def _verify(rule, draft_BxK, draft_logits, target_logits_BxK1xV, spent_B, asd_scalars, key,
-            sampling: SamplingConfig, normalize_q: bool):
+            sampling: SamplingConfig, normalize_q: bool, draft_lengths_B=None,
+            noise_slots=None):
   if rule == "strict":
     return greedy_verify(draft_BxK, target_logits_BxK1xV, spent_B, check_values=False)
   if rule == "asd":
@@ -60,9 +61,9 @@ def _verify(rule, draft_BxK, draft_logits, target_logits_BxK1xV, spent_B, asd_sc
                              max_exceptions, normalize_q=normalize_q)
   verdict = speculative_sample(draft_BxK, draft_logits, target_logits_BxK1xV, key,
                                temperature=sampling.temperature, top_k=sampling.top_k,
-                               top_p=sampling.top_p, check_values=False)
+                               top_p=sampling.top_p, draft_lengths=draft_lengths_B,
+                               noise_slots=noise_slots, check_values=False)
   return verdict._replace(spent=spent_B)
-
 
 
 @functools.partial(jax.jit, static_argnames=(
@@ -87,7 +88,7 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
     # Every active row commits >= 1 token per round, so max_new_tokens rounds always suffice.
     return ~jnp.all(s.done_B) & (s.round < max_new_tokens)
 
-  def verify_round(width: int, s: RoundState, draft_BxK, draft_logits, k_verify):
+  def verify_round(width: int, s: RoundState, draft_BxK, draft_logits, k_verify, lengths_B):
     # Scores the first `width` draft tokens (width <= K); the verdict accepts at most those.
     draft_BxW = draft_BxK[:, :width]
     block_BxW1 = jnp.concatenate([s.recent_Bx2[:, 1:], draft_BxW], axis=1)
@@ -96,19 +97,23 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
                                                     s.target_cache)
     verdict = _verify(rule, draft_BxW, None if draft_logits is None else draft_logits[:, :width],
                       target_logits, s.stats.asd_spent_B, asd_scalars, k_verify, sampling,
-                      normalize_q)
+                      normalize_q, draft_lengths_B=lengths_B, noise_slots=k)
     return target_cache, _as_verdict(verdict)
 
-  def plain_step(s: RoundState, draft_BxK, draft_logits, k_verify):
+  def plain_step(s: RoundState, draft_BxK, draft_logits, k_verify, lengths_B):
     # A round in which every draft is rejected, at the cost of one token: the same commit
     # (the target's token at the newest position) without scoring K draft positions.
-    del draft_BxK, draft_logits
+    del draft_BxK, draft_logits, lengths_B
     logits_Bx1xV, _, target_cache = target.forward(
         target_params, s.recent_Bx2[:, 1:], s.committed_B[:, None] - 1, s.target_cache)
     logits_BxV = logits_Bx1xV[:, 0]
+    if rule == "sample":  # the token a wider round would sample for an empty draft
+      next_B = sample_without_draft(logits_BxV, k_verify, k, temperature=sampling.temperature,
+                                    top_k=sampling.top_k, top_p=sampling.top_p)
+    else:
+      next_B = select_token(logits_BxV, k_verify, sampling)
     zeros_B = jnp.zeros((b,), jnp.int32)
-    verdict = VerifyOutput(num_accepted=zeros_B,
-                           next_token=select_token(logits_BxV, k_verify, sampling),
+    verdict = VerifyOutput(num_accepted=zeros_B, next_token=next_B,
                            spent=s.stats.asd_spent_B, num_exceptions=zeros_B,
                            nonfinite=~jnp.isfinite(logits_BxV).all(axis=-1))
     return target_cache, _as_verdict(verdict)
@@ -118,21 +123,22 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
     positions_Bx2 = s.committed_B[:, None] + jnp.array([-2, -1])
     draft_BxK, draft_logits, drafter_state = drafter.propose(
         drafter_params, s.drafter_state, s.recent_Bx2, positions_Bx2, k_draft, sampling)
-    args = (s, draft_BxK, draft_logits, k_verify)
-    # Under rule="sample" the width decides how a row's key is spent (one uniform per verified
-    # position, or a plain step's categorical draw), and the width is the batch's: a row's
-    # sample would depend on which other rows had a draft. So sampling always verifies K, and
-    # a row equals itself decoded alone with its seed.
-    if drafter.draft_length is None or rule == "sample":
-      target_cache, verdict = verify_round(k, *args)
+    if drafter.draft_length is None:
+      target_cache, verdict = verify_round(k, s, draft_BxK, draft_logits, k_verify, None)
     else:
-      # The drafter's lengths depend on committed tokens only, so under the greedy rules the
-      # width never changes the output, only what a round costs. Width 0 is a plain step.
-      need = jnp.max(jnp.where(s.done_B, 0, drafter.draft_length(drafter_state)))
+      # The drafter's lengths depend on committed tokens only. Under the greedy rules the
+      # width never changes the output, only what a round costs; a row's tokens past its own
+      # length may still be accepted when another row widens the round. Under rule="sample"
+      # each row accepts only its own draft and draws its noise for K positions whatever the
+      # width, so a sampled row does not depend on the rest of its batch (asd_decode's
+      # per-request seed contract). Width 0 is a plain step.
+      lengths_B = jnp.where(s.done_B, 0, drafter.draft_length(drafter_state))
       widths = (0,) + drafter.widths
-      branch = jnp.searchsorted(jnp.asarray(widths, jnp.int32), need)
+      branch = jnp.searchsorted(jnp.asarray(widths, jnp.int32), jnp.max(lengths_B))
       branches = [plain_step] + [functools.partial(verify_round, w) for w in drafter.widths]
-      target_cache, verdict = jax.lax.switch(branch, branches, *args)
+      own_B = lengths_B if rule == "sample" else None
+      target_cache, verdict = jax.lax.switch(branch, branches, s, draft_BxK, draft_logits,
+                                             k_verify, own_B)
     s = s.replace(round=s.round + 1, target_cache=target_cache, drafter_state=drafter_state,
                   rng=rng)
     return commit_round(s, draft_BxK, verdict, max_new_B, eos_ids, stream)

@@ -37,6 +37,7 @@ import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from asd_jax import verify_checks as checks
@@ -140,25 +141,29 @@ def _nonfinite(target_logits, draft_logits):
   return bad_target | bad_draft
 
 
-@functools.partial(jax.jit, static_argnames=("temperature", "top_k", "top_p"))
-def _chain_core(draft_BxK, draft_logits_BxKxV, target_logits_BxRxV, key, temperature, top_k,
-                top_p):
+@functools.partial(jax.jit, static_argnames=("noise_slots", "temperature", "top_k", "top_p"))
+def _chain_core(draft_BxK, draft_logits_BxKxV, target_logits_BxRxV, key, draft_lengths_B,
+                noise_slots, temperature, top_k, top_p):
   b, k = draft_BxK.shape
   vocab = target_logits_BxRxV.shape[-1]
   p_BxRxV = _filtered_probs(target_logits_BxRxV, temperature, top_k, top_p)
   q_BxKxV = _filtered_probs(draft_logits_BxKxV, temperature, top_k, top_p)
-  u_BxK, gumbel_BxV = _noise(key, b, k, vocab)
+  u_BxS, gumbel_BxV = _noise(key, b, noise_slots, vocab)
+  u_BxK = u_BxS[:, :k]
 
   in_vocab_BxK = (draft_BxK >= 0) & (draft_BxK < vocab)
+  own_BxK = jnp.arange(k) < draft_lengths_B[:, None]
   safe_BxKx1 = jnp.where(in_vocab_BxK, draft_BxK, 0)[..., None]
   px_BxK = jnp.take_along_axis(p_BxRxV[:, :k], safe_BxKx1, axis=-1)[..., 0]
   qx_BxK = jnp.take_along_axis(q_BxKxV, safe_BxKx1, axis=-1)[..., 0]
-  accepted_B = prefix_length(in_vocab_BxK & (u_BxK * qx_BxK < px_BxK))
+  accepted_B = prefix_length(own_BxK & in_vocab_BxK & (u_BxK * qx_BxK < px_BxK))
 
   at_Bx1x1 = accepted_B[:, None, None]
   p_BxV = jnp.take_along_axis(p_BxRxV, at_Bx1x1, axis=1)[:, 0]
   q_BxV = jnp.take_along_axis(q_BxKxV, jnp.minimum(at_Bx1x1, k - 1), axis=1)[:, 0]
-  full_Bx1 = (accepted_B == k)[:, None]
+  # A row that accepted its whole draft (all K, or all of its own shorter one) draws the next
+  # token from the target itself, as after any full accept.
+  full_Bx1 = (accepted_B == draft_lengths_B)[:, None]
   next_B = _draw(jnp.where(full_Bx1, p_BxV, _residual(p_BxV, q_BxV)), gumbel_BxV)
 
   best_BxR, _, _ = target_argmax(target_logits_BxRxV)
@@ -235,6 +240,7 @@ def _check_key(key, batch: int):
 
 def speculative_sample(draft_tokens, draft_logits, target_logits, key, *,
                        temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                       draft_lengths=None, noise_slots: int | None = None,
                        check_values: bool = True) -> VerifyOutput:
   """Lossless chain speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
 
@@ -245,7 +251,14 @@ def speculative_sample(draft_tokens, draft_logits, target_logits, key, *,
     key: one PRNG key for the whole batch, or a typed key per row [B] (row b's draws then
       depend on key[b] only, as in the decode engines).
     temperature, top_k, top_p: static filters applied to both distributions.
-    check_values: check ids on concrete inputs (skipped under jit).
+    draft_lengths: optional int[B] in [0, K]: row b's draft is its first draft_lengths[b]
+      tokens; the rest are never accepted, and a row that accepts its whole draft samples the
+      next token from the target (default: every row's draft is all K).
+    noise_slots: static count (>= K) of acceptance uniforms drawn from the key, of which the
+      first K are used (default K). With one value for every width, a row's result does not
+      depend on how many positions past its own draft are scored: verifying any prefix of
+      the block that covers draft_lengths gives the same verdict with the same key.
+    check_values: check ids and draft_lengths on concrete inputs (skipped under jit).
 
   Returns:
     VerifyOutput: the committed x_{<a} + next_token are distributed exactly as the filtered
@@ -258,8 +271,39 @@ def speculative_sample(draft_tokens, draft_logits, target_logits, key, *,
   b, k = draft.shape
   zq = checks.logits(draft_logits, "draft_logits", (b, k, vocab))
   checks.token_range(draft, vocab, "draft_tokens", check_values)
-  return _chain_core(draft, zq, z, _check_key(key, b), temperature=temperature, top_k=top_k,
-                     top_p=top_p)
+  lengths = _check_draft_lengths(draft_lengths, b, k, check_values)
+  noise_slots = k if noise_slots is None else noise_slots
+  if isinstance(noise_slots, bool) or not isinstance(noise_slots, numbers.Integral) or \
+      noise_slots < k:
+    raise ValueError(f"noise_slots must be an int >= K = {k}, got {noise_slots!r}")
+  return _chain_core(draft, zq, z, _check_key(key, b), lengths, noise_slots=int(noise_slots),
+                     temperature=temperature, top_k=top_k, top_p=top_p)
+
+
+def _check_draft_lengths(draft_lengths, batch: int, k: int, check_values: bool):
+  if draft_lengths is None:
+    return jnp.full((batch,), k, jnp.int32)
+  lengths = checks.as_array(draft_lengths, "draft_lengths")
+  if tuple(lengths.shape) != (batch,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
+    raise ValueError(f"draft_lengths must be int[{batch}], got {lengths.dtype}"
+                     f"{tuple(lengths.shape)}")
+  if check_values and checks.is_concrete(lengths):
+    a = np.asarray(lengths)
+    bad = a[(a < 0) | (a > k)]
+    if bad.size:
+      raise ValueError(f"draft_lengths must be in [0, {k}], got {int(bad[0])}")
+  return jnp.asarray(lengths, jnp.int32)
+
+
+def sample_without_draft(target_logits_BxV, key, noise_slots: int, *,
+                         temperature: float, top_k: int, top_p: float):
+  """int32[B]: the token `speculative_sample` commits for a row whose draft is empty
+  (draft_lengths 0), with the same key and noise_slots, from one target row alone: a decode
+  round that verifies no position samples exactly what verifying a wider block would."""
+  p_BxV = _filtered_probs(target_logits_BxV, temperature, top_k, top_p)
+  _, gumbel_BxV = _noise(key, target_logits_BxV.shape[0], noise_slots,
+                         target_logits_BxV.shape[-1])
+  return _draw(p_BxV, gumbel_BxV)
 
 
 def tree_speculative_sample(tree_tokens, parents, draft_logits, target_logits, key, *,

@@ -17,7 +17,13 @@ The replay is exact for tau (strict output == plain greedy); the speedup is as g
 cost curve, which is why step 2 measures it in the loop on this machine. --measure N checks it
 by real decoding: the first N answers' prompts of each suite, one request per call, plain
 decoding and strict `ngram+store` at each K with and without the widths (the latter verifies
-every draft at full K, as the engine did before), taking turns prompt by prompt.
+every draft at full K, as the engine did before), taking turns prompt by prompt. With
+--measure-temperature T the same comparison samples (rule='sample', prompt i with seed i, EOS
+ignored) and adds the control that verifies all K every round, which is what rule='sample'
+did before it used the widths (2026-12-03):
+
+  python scripts/simulate_ngram_widths.py --num-prompts 8 --ks 5 --measure 8 --measure-ks 5 \
+      --measure-temperature 0.7 --max-new-tokens 128 --json out/ngram_widths_sampled.json
 """
 
 from __future__ import annotations
@@ -171,44 +177,63 @@ def loop_cost(target, max_k, n=96, reps=3):
   return {k: v / med[0] for k, v in med.items()}
 
 
-def measure(target, store, answers, ks, max_new_tokens) -> tuple[dict, dict]:
+def every_round_drafter(drafter):
+  """The n-gram drafter verifying all K every round, a plain step never: what rule='sample'
+  did before 2026-12-03 (the control for --measure-temperature)."""
+  return dataclasses.replace(drafter, verify_widths=(), draft_length=None)
+
+
+def measure(target, store, answers, ks, max_new_tokens, temperature=0.0) -> tuple[dict, dict]:
   """By real decoding, turn by turn: ({config: {tokens_per_s, tau, vs_plain, match_plain}},
-  {config: (K, the replay's rule for it)})."""
+  {config: (K, the replay's rule for it)}).
+
+  temperature > 0: rule='sample' (and sampled plain decoding), prompt i with seed i, EOS
+  ignored so that every configuration samples the same number of tokens; match_plain is then
+  not measured and no configuration has a replay rule (the replay is greedy)."""
   import jax
   from asd_jax.ngram_drafter import ngram_drafter
   from asd_jax.plain_decode import plain_decode
+  from asd_jax.sampling import SamplingConfig
   from asd_jax.spec_decode import asd_decode
   fns, params, eos, _ = load_target(target)
+  sampled = temperature > 0
+  sampling = SamplingConfig(temperature=temperature)
   configs, rules = {}, {}
   for k in ks:
     widths = ngram_drafter(k, fns.vocab_size, store=store)
-    for name, drafter, rule in ((f"ngram+store K={k} widths", widths, engine_rule),
-                                (f"ngram+store K={k} full K", full_k_drafter(widths),
-                                 full_k_rule)):
-      configs[name], rules[name] = drafter, (k, rule)
+    variants = [(f"ngram+store K={k} widths", widths, engine_rule),
+                (f"ngram+store K={k} full K", full_k_drafter(widths), full_k_rule)]
+    if sampled:
+      variants.append((f"ngram+store K={k} every round", every_round_drafter(widths), None))
+    for name, drafter, rule in variants:
+      configs[name] = drafter
+      if not sampled:
+        rules[name] = (k, rule)
   width = -(-max(len(p) for p, _ in answers) // 64) * 64  # one program per configuration
-  def run(name, prompt):
+  def run(name, prompt, seed):
     ids = np.zeros((1, width), np.int32)
     ids[0, :len(prompt)] = prompt
     lengths = np.array([len(prompt)], np.int32)
+    common = dict(max_new_tokens=max_new_tokens, eos_ids=() if sampled else eos,
+                  sampling=sampling, seed=seed)
     if name == "plain":
-      out = plain_decode(fns, params, ids, lengths, max_new_tokens=max_new_tokens, eos_ids=eos)
+      out = plain_decode(fns, params, ids, lengths, **common)
       rounds = int(out.target_forwards_B[0]) - 1
     else:
       out = asd_decode(fns, params, configs[name], store.tables, ids, lengths,
-                       max_new_tokens=max_new_tokens, eos_ids=eos)
+                       rule="sample" if sampled else "strict", **common)
       rounds = int(out.stats.rounds_B[0])
     n = int(out.num_generated_B[0])
     return np.asarray(out.tokens_BxN)[0, :n].tolist(), rounds
   names = ["plain", *configs]
   for name in names:
-    jax.block_until_ready(run(name, answers[0][0]))  # compile
+    jax.block_until_ready(run(name, answers[0][0], 0))  # compile
   totals = {name: {"s": 0.0, "tokens": 0, "rounds": 0, "match": 0} for name in names}
   for i, (prompt, _) in enumerate(answers):
     outputs = {}
     for name in names:
       t = time.perf_counter()
-      outputs[name], rounds = run(name, prompt)
+      outputs[name], rounds = run(name, prompt, i)
       tot = totals[name]
       tot["s"] += time.perf_counter() - t
       tot["tokens"] += len(outputs[name])
@@ -218,7 +243,8 @@ def measure(target, store, answers, ks, max_new_tokens) -> tuple[dict, dict]:
   plain_tps = totals["plain"]["tokens"] / totals["plain"]["s"]
   return {name: {"tokens_per_s": t["tokens"] / t["s"], "vs_plain": t["tokens"] / t["s"] / plain_tps,
                  "tau": (t["tokens"] - len(answers)) / max(t["rounds"], 1),
-                 "match_plain": t["match"] / len(answers)} for name, t in totals.items()}, rules
+                 "match_plain": None if sampled else t["match"] / len(answers)}
+          for name, t in totals.items()}, rules
 
 
 def main(argv=None) -> int:
@@ -234,6 +260,9 @@ def main(argv=None) -> int:
   p.add_argument("--measure", type=int, default=0, help="also decode the first N prompts of "
                  "each suite for real (plain vs fixed K vs widths)")
   p.add_argument("--measure-ks", default="5,7")
+  p.add_argument("--measure-temperature", type=float, default=0.0,
+                 help="> 0: --measure samples (rule='sample', EOS ignored) at this temperature, "
+                 "and adds the every-round-K control")
   p.add_argument("--json", default="")
   args = p.parse_args(argv)
   from asd_jax.bench_prompts import parse_suites
@@ -276,9 +305,10 @@ def main(argv=None) -> int:
     for suite in suites:
       pairs = [(a["prompt"], a["output"]) for a in answers if a["suite"] == suite][:args.measure]
       mks = [int(k) for k in args.measure_ks.split(",")]
-      got, rules = measure(args.target, ngram_store, pairs, mks, args.max_new_tokens)
+      got, rules = measure(args.target, ngram_store, pairs, mks, args.max_new_tokens,
+                           args.measure_temperature)
       print(f"\n{suite}: real decoding of {len(pairs)} prompts (simulated on the same answers)")
-      print(f"{'configuration':<28} {'tok/s':>7} {'tau':>6} {'x plain':>8} {'sim x plain':>12} "
+      print(f"{'configuration':<32} {'tok/s':>7} {'tau':>6} {'x plain':>8} {'sim x plain':>12} "
             f"{'= plain':>8}")
       for name, r in got.items():
         sim = ""
@@ -287,8 +317,9 @@ def main(argv=None) -> int:
           r["simulated_vs_plain"] = replay(pairs, store, k, rule, cost,
                                            max_new_tokens=args.max_new_tokens)["speedup"]
           sim = f"{r['simulated_vs_plain']:.3f}"
-        print(f"{name:<28} {r['tokens_per_s']:7.1f} {r['tau']:6.2f} {r['vs_plain']:8.3f} "
-              f"{sim:>12} {r['match_plain']:8.0%}")
+        match = "-" if r["match_plain"] is None else f"{r['match_plain']:.0%}"
+        print(f"{name:<32} {r['tokens_per_s']:7.1f} {r['tau']:6.2f} {r['vs_plain']:8.3f} "
+              f"{sim:>12} {match:>8}")
       results["suites"][suite]["measured"] = got
   if args.json:
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

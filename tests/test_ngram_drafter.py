@@ -2,6 +2,7 @@
 the engine invariants with it (strict == plain greedy, lossless sampling, repeats accepted)."""
 
 import dataclasses
+import functools
 
 import jax.numpy as jnp
 import numpy as np
@@ -107,18 +108,21 @@ def _nan_when_verifying(fns):
   return dataclasses.replace(fns, forward=forward)
 
 
-def test_rounds_without_a_match_run_as_one_token_steps():
+@pytest.mark.parametrize("rule", ["strict", "sample"])
+def test_rounds_without_a_match_run_as_one_token_steps(rule):
   fns = _nan_when_verifying(fake_lm(vocab_size=64))
   drafter = ngram_drafter(3, 64)
+  # rule='sample' at top_k=1 samples the fake target's one likely token, like greedy.
+  sampling = SamplingConfig(temperature=1.0, top_k=1) if rule == "sample" else SamplingConfig()
+  run = functools.partial(asd_decode, fns, None, drafter, None, max_new_tokens=20, rule=rule,
+                          sampling=sampling)
   # Counting up from distinct tokens: no bigram ever repeats, so no round verifies.
-  out = asd_decode(fns, None, drafter, None, np.array([[0, 1, 2, 3, 4]], np.int32),
-                   np.array([5], np.int32), max_new_tokens=20)
+  out = run(np.array([[0, 1, 2, 3, 4]], np.int32), np.array([5], np.int32))
   assert not bool(out.nonfinite_B[0])
   assert np.asarray(out.tokens_BxN)[0].tolist() == list(range(5, 25))
   assert int(out.stats.rounds_B[0]) == 19 and int(out.stats.accepted_B[0]) == 0
   # Control: with a repeated bigram in the prompt the engine does verify, and trips the NaN.
-  out = asd_decode(fns, None, drafter, None, np.array([[5, 6, 0, 1, 2, 3, 4]], np.int32),
-                   np.array([7], np.int32), max_new_tokens=20)
+  out = run(np.array([[5, 6, 0, 1, 2, 3, 4]], np.int32), np.array([7], np.int32))
   assert bool(out.nonfinite_B[0])
 
 

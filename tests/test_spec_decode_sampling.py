@@ -98,8 +98,8 @@ def test_the_check_can_fail(pair, monkeypatch):
   sampling = SamplingConfig(temperature=1.0)
   honest = spec_decode._verify
 
-  def trusting(rule, draft_BxK, draft_logits, target_logits, spent_B, *args):
-    v = honest("sample", draft_BxK, draft_logits, target_logits, spent_B, *args)
+  def trusting(rule, draft_BxK, draft_logits, target_logits, spent_B, *args, **kwargs):
+    v = honest("sample", draft_BxK, draft_logits, target_logits, spent_B, *args, **kwargs)
     k = draft_BxK.shape[1]
     return v._replace(num_accepted=jnp.full_like(v.num_accepted, k),
                       next_token=jnp.argmax(target_logits[:, k], axis=-1).astype(jnp.int32))

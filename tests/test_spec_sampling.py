@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from asd_jax.greedy_verify import greedy_verify
-from asd_jax.spec_sampling import (apply_sampling_filters, speculative_sample,
-                                   tree_speculative_sample)
+from asd_jax.spec_sampling import (apply_sampling_filters, sample_without_draft,
+                                   speculative_sample, tree_speculative_sample)
 from asd_jax.tree_verify import tree_greedy_verify
 from asd_jax.verify_output import NONFINITE_TOKEN
 
@@ -174,25 +174,27 @@ def chain_setup(rng):
   return z, np.asarray(zq, np.float32)
 
 
-@functools.partial(jax.jit, static_argnames=("n", "filters"))
-def chain_chunk(key, z, zq, told, n, filters):
+@functools.partial(jax.jit, static_argnames=("n", "filters", "draft_length"))
+def chain_chunk(key, z, zq, told, n, filters, draft_length=None):
   filters = dict(filters)
   k_draft, k_verify = jax.random.split(key)
   draft = sample(k_draft, zq, filters, (n, 2))
+  lengths = None if draft_length is None else jnp.full((n,), draft_length, jnp.int32)
   out = speculative_sample(draft, jnp.broadcast_to(told, (n, 2, V)),
-                           jnp.broadcast_to(z, (n, 3, V)), k_verify, **filters)
+                           jnp.broadcast_to(z, (n, 3, V)), k_verify, draft_lengths=lengths,
+                           **filters)
   return draft, out
 
 
-def run_chain(z, zq, filters, key, draft_probs_logits=None):
+def run_chain(z, zq, filters, key, draft_probs_logits=None, draft_length=None):
   """SAMPLES blocks with K = 2; the draft tokens are drawn from the filtered zq, the verifier
-  is told `draft_probs_logits` (default zq). Returns (first token, second token, its
-  validity, bonus token, its validity)."""
+  is told `draft_probs_logits` (default zq) and `draft_length` (default all K). Returns
+  (first token, second token, its validity, bonus token, its validity)."""
   told = zq if draft_probs_logits is None else draft_probs_logits
   parts = []
   for chunk in range(CHUNKS):
     draft, out = chain_chunk(jax.random.fold_in(key, chunk), z, zq, told, SAMPLES // CHUNKS,
-                             tuple(filters.items()))
+                             tuple(filters.items()), draft_length)
     a, nxt, draft = (np.asarray(x) for x in (out.num_accepted, out.next_token, draft))
     parts.append((np.where(a >= 1, draft[:, 0], nxt), np.where(a >= 2, draft[:, 1], nxt),
                   a >= 1, nxt, a == 2))
@@ -218,6 +220,72 @@ def test_chain_test_can_fail_on_a_broken_sampler():
   first, *_ = run_chain(z, zq, {}, jax.random.key(11),
                         draft_probs_logits=np.zeros_like(zq))
   assert tv(first, p[0]) > 5 * TV_BOUND
+
+
+@pytest.mark.parametrize("draft_length", [0, 1])
+def test_a_shorter_draft_is_lossless(draft_length, filters=FILTERS[1]):
+  """With draft_lengths < K, positions past a row's draft are never accepted, and a row that
+  accepts its whole draft samples from the target row after it, not from a residual."""
+  z, zq = chain_setup(np.random.default_rng(7))
+  p = np.asarray(apply_sampling_filters(z, **filters))
+  first, second, has_second, _, _ = run_chain(z, zq, filters, jax.random.key(3),
+                                              draft_length=draft_length)
+  assert tv(first, p[0]) <= TV_BOUND
+  if draft_length == 0:
+    assert not has_second.any()  # the first token is always the target's own draw
+  else:
+    assert has_second.mean() > 0.3 and tv(second[has_second], p[1]) <= TV_BOUND
+
+
+@pytest.mark.parametrize("row_keys", [True, False], ids=["key per row", "one batch key"])
+def test_a_row_samples_the_same_at_every_width_that_covers_its_draft(row_keys):
+  """noise_slots fixed at K: verifying only the first w >= draft_length positions gives each
+  row the verdict of the full block (width 0: `sample_without_draft`). The decode engine
+  relies on this to verify the batch's narrowest width under rule='sample'."""
+  rng = np.random.default_rng(5)
+  b, k = 48, 4
+  filters = FILTERS[1]
+  z, zq = random_logits(rng, b, k + 1, V, peaked=2.0), random_logits(rng, b, k, V, peaked=2.0)
+  # Drafts drawn from the target, so that long prefixes are accepted too.
+  draft = np.asarray(sample(jax.random.key(1), z[:, :k], filters, (b, k)))
+  lengths = rng.integers(0, k + 1, size=b).astype(np.int32)
+  keys = jax.random.split(jax.random.key(2), b) if row_keys else jax.random.key(2)
+  full = speculative_sample(draft, zq, z, keys, draft_lengths=lengths, **filters)
+  a_full, next_full = np.asarray(full.num_accepted), np.asarray(full.next_token)
+  assert (a_full <= lengths).all() and len(set(a_full.tolist())) >= 3
+  empty = np.asarray(sample_without_draft(jnp.asarray(z[:, 0]), keys, k, **filters))
+  np.testing.assert_array_equal(empty[lengths == 0], next_full[lengths == 0])
+  differs_without_fixed_slots = False
+  for w in range(1, k):
+    covered = lengths <= w
+    args = (draft[:, :w], zq[:, :w], z[:, :w + 1], keys)
+    part = speculative_sample(*args, draft_lengths=np.minimum(lengths, w), noise_slots=k,
+                              **filters)
+    np.testing.assert_array_equal(np.asarray(part.num_accepted)[covered], a_full[covered])
+    np.testing.assert_array_equal(np.asarray(part.next_token)[covered], next_full[covered])
+    other = speculative_sample(*args, draft_lengths=np.minimum(lengths, w), **filters)
+    differs_without_fixed_slots |= bool(
+        (np.asarray(other.num_accepted)[covered] != a_full[covered]).any())
+  if not row_keys:
+    # Control: one batch key's uniforms drawn for [B, w] instead of [B, K] land on other rows'
+    # slots. (A key per row agrees either way under JAX's default partitionable threefry;
+    # noise_slots makes the guarantee independent of that setting.)
+    assert differs_without_fixed_slots
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(draft_lengths=[3, 0]), "draft_lengths must be in [0, 2], got 3"),
+    (dict(draft_lengths=[-1, 0]), "draft_lengths must be in [0, 2], got -1"),
+    (dict(draft_lengths=[1]), "draft_lengths must be int[2]"),
+    (dict(draft_lengths=[0.5, 1.0]), "draft_lengths must be int[2]"),
+    (dict(noise_slots=1), "noise_slots must be an int >= K = 2"),
+])
+def test_bad_draft_lengths_and_noise_slots_are_refused(kwargs, message):
+  rng = np.random.default_rng(0)
+  z, zq = random_logits(rng, 2, 3, V), random_logits(rng, 2, 2, V)
+  with pytest.raises(ValueError) as e:
+    speculative_sample(np.zeros((2, 2), np.int32), zq, z, jax.random.key(0), **kwargs)
+  assert message in str(e.value)
 
 
 # --- statistical losslessness: tree ----------------------------------------------------------
