@@ -37,7 +37,6 @@ import numbers
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from asd_jax import verify_checks as checks
@@ -271,28 +270,10 @@ def speculative_sample(draft_tokens, draft_logits, target_logits, key, *,
   b, k = draft.shape
   zq = checks.logits(draft_logits, "draft_logits", (b, k, vocab))
   checks.token_range(draft, vocab, "draft_tokens", check_values)
-  lengths = _check_draft_lengths(draft_lengths, b, k, check_values)
-  noise_slots = k if noise_slots is None else noise_slots
-  if isinstance(noise_slots, bool) or not isinstance(noise_slots, numbers.Integral) or \
-      noise_slots < k:
-    raise ValueError(f"noise_slots must be an int >= K = {k}, got {noise_slots!r}")
-  return _chain_core(draft, zq, z, _check_key(key, b), lengths, noise_slots=int(noise_slots),
-                     temperature=temperature, top_k=top_k, top_p=top_p)
-
-
-def _check_draft_lengths(draft_lengths, batch: int, k: int, check_values: bool):
-  if draft_lengths is None:
-    return jnp.full((batch,), k, jnp.int32)
-  lengths = checks.as_array(draft_lengths, "draft_lengths")
-  if tuple(lengths.shape) != (batch,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
-    raise ValueError(f"draft_lengths must be int[{batch}], got {lengths.dtype}"
-                     f"{tuple(lengths.shape)}")
-  if check_values and checks.is_concrete(lengths):
-    a = np.asarray(lengths)
-    bad = a[(a < 0) | (a > k)]
-    if bad.size:
-      raise ValueError(f"draft_lengths must be in [0, {k}], got {int(bad[0])}")
-  return jnp.asarray(lengths, jnp.int32)
+  lengths = checks.draft_lengths(draft_lengths, b, k, check_values)
+  return _chain_core(draft, zq, z, _check_key(key, b), lengths,
+                     noise_slots=checks.noise_slots(noise_slots, k), temperature=temperature,
+                     top_k=top_k, top_p=top_p)
 
 
 def sample_without_draft(target_logits_BxV, key, noise_slots: int, *,

@@ -12,6 +12,8 @@ array back from the device).
 
 from __future__ import annotations
 
+import numbers
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -102,6 +104,31 @@ def ledger(spent, batch: int, check_values: bool = True):
     if a.min() < 0:
       raise ValueError(f"spent must be >= 0, got min {a.min()}")
   return jnp.asarray(spent, jnp.float32)
+
+
+def draft_lengths(lengths, batch: int, k: int, check_values: bool = True):
+  """Checks per-row draft lengths int[B] in [0, K] (None: all K); returns them as int32."""
+  if lengths is None:
+    return jnp.full((batch,), k, jnp.int32)
+  lengths = as_array(lengths, "draft_lengths")
+  if tuple(lengths.shape) != (batch,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
+    raise ValueError(f"draft_lengths must be int[{batch}], got {lengths.dtype}"
+                     f"{tuple(lengths.shape)}")
+  if check_values and is_concrete(lengths):
+    a = np.asarray(lengths)
+    bad = a[(a < 0) | (a > k)]
+    if bad.size:
+      raise ValueError(f"draft_lengths must be in [0, {k}], got {int(bad[0])}")
+  return jnp.asarray(lengths, jnp.int32)
+
+
+def noise_slots(slots, k: int) -> int:
+  """Resolves the static count of acceptance uniforms (None means K); at least K."""
+  if slots is None:
+    return k
+  if isinstance(slots, bool) or not isinstance(slots, numbers.Integral) or slots < k:
+    raise ValueError(f"noise_slots must be an int >= K = {k}, got {slots!r}")
+  return int(slots)
 
 
 def config(cfg, cls) -> None:
