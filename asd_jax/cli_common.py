@@ -8,6 +8,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -47,6 +48,23 @@ def enable_compilation_cache() -> None:
   root = os.environ.get("ASD_JAX_CACHE_DIR") or user_cache_dir("asd-jax")
   jax.config.update("jax_compilation_cache_dir", os.path.join(root, "xla"))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
+def check_output_path(path: str, flag: str, *, folder: bool = False) -> None:
+  """Refuses now, not after the run, a place a file (or with `folder`, a folder) cannot be
+  written: the wrong kind of thing already there, a file among its parents, or no write
+  permission. Raises ValueError naming `flag`."""
+  if not str(path).strip():
+    raise ValueError(f"{flag} is empty; name the {'folder' if folder else 'file'} to write")
+  target = Path(path).absolute()
+  if target.exists() and target.is_dir() != folder:
+    raise ValueError(f"{flag} {path} is a {'file' if folder else 'folder'}, not a "
+                     f"{'folder' if folder else 'file'}")
+  existing = next(a for a in (target, *target.parents) if a.exists())
+  if existing != target and not existing.is_dir():
+    raise ValueError(f"{flag} {path}: {existing} is a file, not a folder")
+  if not os.access(existing, os.W_OK | (os.X_OK if existing.is_dir() else 0)):
+    raise ValueError(f"{flag} {path}: {existing} is not writable")
 
 
 def split_list_flag(text: str, flag: str) -> list[str]:

@@ -29,6 +29,14 @@ class DataConfig:
   def __post_init__(self):
     if not 0.0 <= self.answer_temperature < float("inf"):  # also refuses NaN
       raise ValueError(f"answer_temperature must be finite and >= 0, got {self.answer_temperature}")
+    # Counts feed list slices and range(): a negative one would silently slice from the end,
+    # a zero batch crashes mid-build. Seeds go to numpy RNGs, which refuse negative ones.
+    for f in ("num_prompts", "heldout_prompts", "max_new_tokens", "gen_batch"):
+      if getattr(self, f) <= 0:
+        raise ValueError(f"data.{f} must be positive, got {getattr(self, f)}")
+    for f in ("prompt_seed", "answer_seed"):
+      if getattr(self, f) < 0:
+        raise ValueError(f"data.{f} must be >= 0, got {getattr(self, f)}")
 
   @property
   def greedy(self) -> bool:
@@ -132,9 +140,12 @@ class TrainConfig:
       raise ValueError("vsd_continue needs the target's greedy continuation to depth d, which "
                        "only the data has (vsd_oracle=data); vsd_oracle=target gives the "
                        "target's token after each draft prefix, not its path")
-    for f in ("vsd_lambda_div", "vsd_lambda_wl", "vsd_lambda_car", "vsd_eta", "diag_positions"):
-      if not getattr(self, f) >= 0:  # also refuses NaN
-        raise ValueError(f"{f} must be >= 0, got {getattr(self, f)}")
+    # Loss weights and the softmax temperature: inf or NaN turns the loss into NaN.
+    for f in ("ttt_step_decay", "vsd_lambda_div", "vsd_lambda_wl", "vsd_lambda_car", "vsd_eta"):
+      if not (math.isfinite(getattr(self, f)) and getattr(self, f) >= 0):
+        raise ValueError(f"{f} must be a finite number >= 0, got {getattr(self, f)}")
+    if self.diag_positions < 0:
+      raise ValueError(f"diag_positions must be >= 0, got {self.diag_positions}")
     if not 0.0 <= self.vsd_gamma < 1.0:
       raise ValueError(f"vsd_gamma must be in [0, 1), got {self.vsd_gamma}")
     # The optimiser and the bookkeeping periods: a NaN or non-positive rate turns the drafter
@@ -150,10 +161,12 @@ class TrainConfig:
     for f in ("b1", "b2"):
       if not 0.0 <= getattr(self, f) < 1.0:
         raise ValueError(f"{f} must be in [0, 1), got {getattr(self, f)}")
-    for f in ("log_every", "ckpt_every", "keep_checkpoints", "draft_vocab_size"):
+    for f in ("log_every", "ckpt_every", "keep_checkpoints", "draft_vocab_size", "tiny_vocab",
+              "tiny_width", "tiny_layers"):
       if getattr(self, f) <= 0:
         raise ValueError(f"{f} must be positive, got {getattr(self, f)}")
-    for f in ("warmup_steps", "eval_every", "eval_examples"):  # eval_every 0: no evaluation
+    for f in ("warmup_steps", "eval_every", "eval_examples",  # eval_every 0: no evaluation
+              "data_seed"):  # numpy's RNGs refuse negative seeds
       if getattr(self, f) < 0:
         raise ValueError(f"{f} must be >= 0, got {getattr(self, f)}")
     if len(self.eval_tree) != 2 or (tuple(self.eval_tree) != (0, 0) and min(self.eval_tree) <= 0):

@@ -113,6 +113,43 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
 
 
 MANIFEST_FILE = "manifest.json"
+WRITTEN_FILES = (CONFIG_FILE, WEIGHTS_FILE, MANIFEST_FILE)  # all that replace_hf_folder writes
+
+
+def check_replaceable(path: str | os.PathLike) -> None:
+  """Raises CheckpointError unless replacing `path` whole loses nothing but an earlier drafter.
+
+  Fine: a missing path, an empty folder, or a folder holding only the files `replace_hf_folder`
+  writes whose config.json shows a drafter wrote it: an `asd_jax_*` key (this repo's drafter
+  writers), an EAGLE-3 architecture (`export_eagle3`), or a manifest.json beside it. A plain HF
+  model folder, a file, or a folder holding anything else is someone's data, not ours to delete.
+  """
+  target = Path(path)
+  if not target.exists() and not target.is_symlink():
+    return
+  if not target.is_dir():
+    raise CheckpointError(f"{target} exists and is not a folder; refusing to replace it with a "
+                          "drafter folder (pick a new path)")
+  names = sorted(p.name for p in target.iterdir())
+  if not names:
+    return
+  others = [n for n in names if n not in WRITTEN_FILES or not (target / n).is_file()]
+  if others:
+    raise CheckpointError(f"{target} holds {', '.join(others[:3])}"
+                          f"{' ...' if len(others) > 3 else ''}, so it is not an exported drafter "
+                          "folder; refusing to replace it (pick a new or empty path)")
+  try:
+    config = _read_json(target / CONFIG_FILE)
+  except CheckpointError as e:
+    raise CheckpointError(f"{target} is not an exported drafter folder ({e}); refusing to "
+                          "replace it (pick a new or empty path)") from None
+  ours = isinstance(config, dict) and (
+      MANIFEST_FILE in names or any(str(k).startswith("asd_jax_") for k in config)
+      or any("Eagle3" in str(a) for a in config.get("architectures") or []))
+  if not ours:
+    raise CheckpointError(f"{target}/{CONFIG_FILE} is not a drafter's (no manifest.json, no "
+                          "asd_jax_* key, no EAGLE-3 architecture); refusing to replace what may "
+                          "be a model folder (pick a new or empty path)")
 
 
 def replace_hf_folder(path: str | os.PathLike, hf_config: Mapping[str, Any],
@@ -121,10 +158,12 @@ def replace_hf_folder(path: str | os.PathLike, hf_config: Mapping[str, Any],
   """Writes an HF folder (and manifest.json, if given) and swaps it in for `path` whole.
 
   The folder is written next to `path` and renamed into place, so readers never see half of
-  it; a previous folder at `path` is replaced. Files get ordinary permissions (mkdtemp and
-  safetensors create owner-only ones).
+  it; a previous drafter folder at `path` is replaced (anything else there is refused, see
+  `check_replaceable`). Files get ordinary permissions (mkdtemp and safetensors create
+  owner-only ones).
   """
   target = Path(path)
+  check_replaceable(target)
   target.parent.mkdir(parents=True, exist_ok=True)
   tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
   old = target.parent / f".{target.name}.old-{os.getpid()}"

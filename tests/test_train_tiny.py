@@ -161,3 +161,59 @@ def test_offline_features_give_the_online_curve(tiny_data, tmp_path):
     curves[features] = [c["loss"] for c in tr.run()["curve"]]
     tr.close()
   np.testing.assert_allclose(curves["offline"], curves["online"], rtol=0, atol=1e-6)
+
+
+def test_workdir_and_export_paths_are_checked_before_training(tiny_data, tmp_path, capsys):
+  base = ["--config=tiny_medusa", "--steps=1", "--no-progress", "--set",  # medusa: fast compile
+          f"data_dir={tiny_data}", "--set", "eval_every=0"]
+  file = tmp_path / "some_text_file"
+  file.write_text("keep me")
+  code, err = run_cli(base + ["--workdir", str(file)], capsys)
+  assert code == 2 and f"--workdir {file} is a file, not a folder" in err
+  # an export that is, holds or sits in the workdir would replace the run's checkpoints
+  work = tmp_path / "run"
+  (work / "checkpoints").mkdir(parents=True)
+  (work / "metrics.jsonl").write_text("{}\n")
+  for out in (work, work / "drafter", tmp_path):
+    code, err = run_cli(base + ["--workdir", str(work), "--export", str(out)], capsys)
+    assert code == 2 and "overlaps --workdir" in err, err
+  # a folder or file that is not an earlier export is someone's data
+  notes = tmp_path / "notes"
+  (notes / "sub").mkdir(parents=True)
+  (notes / "notes.txt").write_text("n")
+  (notes / "sub" / "y").write_text("y")
+  for out, message in ((notes, "holds notes.txt, sub"), (file, "is not a folder")):
+    code, err = run_cli(base + ["--workdir", str(tmp_path / "w"), "--export", str(out)], capsys)
+    assert code == 2 and err.startswith("error: --export: ") and message in err, err
+  assert (work / "metrics.jsonl").read_text() == "{}\n" and (work / "checkpoints").is_dir()
+  assert (notes / "notes.txt").read_text() == "n" and (notes / "sub" / "y").read_text() == "y"
+  assert file.read_text() == "keep me" and not (tmp_path / "w").exists()
+  # an earlier export is replaced (the second run resumes at step 1 and exports again)
+  drafter = tmp_path / "drafter"
+  for _ in range(2):
+    code, err = run_cli(base + ["--workdir", str(tmp_path / "w"), "--export", str(drafter)],
+                        capsys)
+    assert code == 0, err
+  assert sorted(p.name for p in drafter.iterdir()) == [
+      "config.json", "manifest.json", "model.safetensors"]
+
+
+def test_nonfinite_loss_stops_the_run(tiny_data, tmp_path):
+  from vsd_jax.sharding_rules import make_mesh
+  from vsd_jax.trainer import Trainer
+  cfg = with_overrides(get_preset("tiny_medusa"), [f"data_dir={tiny_data}", "steps=3",
+                                                   "eval_every=0", "ckpt_every=100"])
+  object.__setattr__(cfg, "ttt_step_decay", float("nan"))  # past the config check: NaN loss
+  tr = Trainer(cfg, make_mesh(1, 1), str(tmp_path), log=lambda *_: None, progress=False)
+  with pytest.raises(ValueError, match="training diverged at step 1: loss nan"):
+    tr.run()
+  tr.close()
+
+
+def test_build_dataset_refuses_bad_data_fields(tmp_path, capsys):
+  from vsd_jax.build_dataset import main
+  for item, message in (("data.num_prompts=-5", "data.num_prompts must be positive, got -5"),
+                        ("data.gen_batch=0", "data.gen_batch must be positive, got 0")):
+    code = main(["--config=tiny", "--set", f"data_dir={tmp_path / 'd'}", "--set", item])
+    assert code == 2 and message in capsys.readouterr().err
+  assert not (tmp_path / "d").exists()

@@ -65,6 +65,7 @@ def main(argv=None) -> int:
     if args.steps is not None and args.steps <= 0:
       # 0 would "finish" at once and --export an untrained drafter.
       raise ValueError(f"--steps must be positive, got {args.steps}")
+    check_paths(args.workdir, args.export)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
@@ -96,7 +97,12 @@ def main(argv=None) -> int:
                                 ["python", "-m", "vsd_jax.train",
                                  *(sys.argv[1:] if argv is None else argv)])
   if args.export and summary["stopped"] == "done" and jax.process_index() == 0:
-    summary["export"] = str(export(trainer, args.export, summary))
+    try:
+      summary["export"] = str(export(trainer, args.export, summary))
+    except ValueError as e:  # the path changed during training; the checkpoints are kept
+      trainer.close()
+      print(f"error: --export: {e}", file=sys.stderr)
+      return 2
   trainer.close()
   if jax.process_index() == 0:
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
@@ -106,6 +112,31 @@ def main(argv=None) -> int:
       short["loss_first_last"] = [summary["curve"][0]["loss"], summary["curve"][-1]["loss"]]
     print(json.dumps(short))
   return 0
+
+
+def check_paths(workdir: str, export_path: str) -> None:
+  """Refuses, before any work, a --workdir or --export that would fail late or lose data.
+
+  Exporting replaces its folder whole, so it must not be, hold or sit in the workdir (that
+  deletes the run's checkpoints), and what is there already must be an earlier export.
+  """
+  from asd_jax.cli_common import check_output_path
+  check_output_path(workdir, "--workdir", folder=True)
+  work = Path(workdir)
+  if not export_path:
+    return
+  out = Path(export_path)
+  w, e = work.resolve(), out.resolve()
+  if w == e or w in e.parents or e in w.parents:
+    raise ValueError(f"--export {export_path} overlaps --workdir {workdir}: the export replaces "
+                     "its folder whole and would delete the run's checkpoints; pick a path "
+                     "outside the workdir")
+  from models.hf_folder import check_replaceable
+  try:
+    check_replaceable(out)
+  except ValueError as err:
+    raise ValueError(f"--export: {err}") from None
+  check_output_path(export_path, "--export", folder=True)
 
 
 def export(trainer, path: str, summary: dict) -> Path:

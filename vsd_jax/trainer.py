@@ -73,6 +73,10 @@ class Trainer:
       raise ValueError(f"batch_size={cfg.batch_size} is not divisible by the mesh's data axis "
                        f"({data_axis}); pick a batch size that is a multiple of {data_axis}")
     self.target = load_target(cfg, cfg.dtype)
+    limit = self.target.cfg.max_position_embeddings
+    if cfg.seq_len > limit:  # refuse before the step tries to allocate for it
+      raise ValueError(f"seq_len={cfg.seq_len} exceeds the target's {limit} positions "
+                       f"(max_position_embeddings of {self.target.source}); use seq_len <= {limit}")
     self.data_dir = cfg.dataset_dir()
     meta = dataset_metadata(self.data_dir)
     if meta.get("target") != self.target.source:
@@ -279,6 +283,12 @@ class Trainer:
     record = {"step": step + 1, **m, "tokens_per_s": tok_s}
     curve.append({"step": step + 1, "loss": m["loss"]})
     writer.write(record)
+    if not (np.isfinite(m["loss"]) and np.isfinite(m["grad_norm"])):
+      # The update already applied these gradients: every later step would train on NaNs and
+      # the run would end "done" with a NaN drafter.
+      raise ValueError(f"training diverged at step {step + 1}: loss {m['loss']}, grad_norm "
+                       f"{m['grad_norm']}; checkpoints from step {step + 1} on may hold "
+                       "non-finite parameters (lower lr, check the data and loss settings)")
     bar.update(1)
     bar.set_postfix(loss=f"{m['loss']:.4f}", tok_s=f"{tok_s:.0f}")
     if (step + 1) % self.cfg.log_every == 0:
