@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from typing import Any, Mapping
 
 from models.errors import UnsupportedArchitectureError
@@ -21,6 +22,25 @@ _SUPPORTED_ARCHITECTURES = {
 }
 _MODEL_TYPE_TO_FAMILY = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 DTYPES = ("float32", "bfloat16")
+# config.json's names for the fields whose names differ, so errors say what the file says.
+_HF_KEYS = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+            "num_kv_heads": "num_key_value_heads"}
+
+
+def _label(field: str) -> str:
+  return f"{field} ({_HF_KEYS[field]})" if field in _HF_KEYS else field
+
+
+def _check_positive_int(name: str, value) -> None:
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+    raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _check_positive_real(name: str, value) -> None:
+  """Finite and > 0: NaN, inf, 0 or a sign flip would reach RoPE / RMSNorm as garbage."""
+  if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+      or not math.isfinite(value) or value <= 0):
+    raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +52,20 @@ class RopeScaling:
   low_freq_factor: float = 1.0
   high_freq_factor: float = 4.0
   original_max_position_embeddings: int = 8192
+
+  def __post_init__(self):
+    if self.kind not in ("llama3", "linear"):
+      raise ValueError(f"rope_scaling kind must be 'llama3' or 'linear', got {self.kind!r}")
+    _check_positive_real("rope_scaling.factor", self.factor)
+    if self.kind == "llama3":
+      _check_positive_real("rope_scaling.low_freq_factor", self.low_freq_factor)
+      _check_positive_real("rope_scaling.high_freq_factor", self.high_freq_factor)
+      # The smooth band divides by their difference (transformers requires low < high too).
+      if self.high_freq_factor <= self.low_freq_factor:
+        raise ValueError(f"rope_scaling.high_freq_factor ({self.high_freq_factor!r}) must be "
+                         f"greater than low_freq_factor ({self.low_freq_factor!r})")
+      _check_positive_int("rope_scaling.original_max_position_embeddings",
+                          self.original_max_position_embeddings)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,14 +92,18 @@ class ModelConfig:
   def __post_init__(self):
     if self.dtype not in DTYPES:
       raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                 "num_kv_heads", "head_dim", "max_position_embeddings"):
+      _check_positive_int(_label(name), getattr(self, name))
     if self.num_heads % self.num_kv_heads:
       raise UnsupportedArchitectureError(
           f"num_attention_heads={self.num_heads} is not a multiple of "
           f"num_key_value_heads={self.num_kv_heads}")
-    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                 "num_kv_heads", "head_dim"):
-      if getattr(self, name) <= 0:
-        raise UnsupportedArchitectureError(f"{name} must be positive, got {getattr(self, name)}")
+    _check_positive_real("rope_theta", self.rope_theta)
+    eps = self.rms_norm_eps
+    if (isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not math.isfinite(eps)
+        or eps < 0):
+      raise ValueError(f"rms_norm_eps must be a finite number >= 0, got {eps!r}")
 
   def with_dtype(self, dtype: str) -> "ModelConfig":
     return dataclasses.replace(self, dtype=dtype)
@@ -93,54 +131,88 @@ class ModelConfig:
       raise UnsupportedArchitectureError("use_sliding_window=true is not supported")
     if model_type == "mistral" and hf.get("sliding_window"):
       raise UnsupportedArchitectureError("Mistral sliding_window attention is not supported")
-    try:
-      num_heads = int(hf["num_attention_heads"])
-      hidden = int(hf["hidden_size"])
-      cfg = dict(
-          vocab_size=int(hf["vocab_size"]),
-          hidden_size=hidden,
-          intermediate_size=int(hf["intermediate_size"]),
-          num_layers=int(hf["num_hidden_layers"]),
-          num_heads=num_heads,
-          num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
-          head_dim=int(hf.get("head_dim") or hidden // num_heads),
-      )
-    except KeyError as e:
-      raise UnsupportedArchitectureError(f"config.json is missing required key {e.args[0]!r}")
+    num_heads = _hf_int(hf, "num_attention_heads")
+    hidden = _hf_int(hf, "hidden_size")
+    cfg = dict(
+        vocab_size=_hf_int(hf, "vocab_size"),
+        hidden_size=hidden,
+        intermediate_size=_hf_int(hf, "intermediate_size"),
+        num_layers=_hf_int(hf, "num_hidden_layers"),
+        num_heads=num_heads,
+        num_kv_heads=_hf_int(hf, "num_key_value_heads", num_heads),
+        head_dim=_hf_int(hf, "head_dim", hidden // num_heads),
+    )
     rope_params = dict(hf.get("rope_parameters") or {})
     legacy_scaling = hf.get("rope_scaling")
     if legacy_scaling:
       rope_params = {**legacy_scaling, **rope_params}
-    rope_theta = float(hf.get("rope_theta") or rope_params.get("rope_theta") or 10000.0)
+    # Absent or null means the default; a value the file states (even 0) is checked, not replaced.
+    rope_theta = hf.get("rope_theta")
+    if rope_theta is None:
+      rope_theta = rope_params.get("rope_theta")
     return cls(
         **cfg,
-        rope_theta=rope_theta,
-        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        rope_theta=_hf_real(rope_theta, "rope_theta", 10000.0),
+        rms_norm_eps=_hf_real(hf.get("rms_norm_eps"), "rms_norm_eps", 1e-6),
         tie_embeddings=bool(hf.get("tie_word_embeddings", family != "llama")),
         qkv_bias=family == "qwen2" or bool(hf.get("attention_bias", False)),
         o_bias=family == "llama" and bool(hf.get("attention_bias", False)),
         qk_norm=family == "qwen3",
         rope_scaling=_parse_rope_scaling(rope_params),
-        max_position_embeddings=int(hf.get("max_position_embeddings", 8192)),
+        max_position_embeddings=_hf_int(hf, "max_position_embeddings", 8192),
         dtype=dtype,
     )
+
+
+_REQUIRED = object()
+
+
+def _hf_int(hf: Mapping[str, Any], key: str, default: Any = _REQUIRED, where: str = "") -> int:
+  """config.json's `key` as a positive int (`default` when absent or null). 49152.9 would
+  otherwise truncate silently; 0 heads would divide by zero."""
+  value = hf.get(key)
+  if value is None:
+    if default is _REQUIRED:
+      raise UnsupportedArchitectureError(f"config.json is missing required key {key!r}")
+    return default
+  if isinstance(value, float) and value.is_integer():
+    value = int(value)  # 576.0: a JSON writer's integer
+  _check_positive_int(f"config.json {where}{key}", value)
+  return int(value)
+
+
+def _hf_real(value: Any, name: str, default: float) -> float:
+  """A number from config.json (`default` when absent or null); range checks are the
+  dataclass's. Refuses strings and booleans, which float() would accept or mangle."""
+  if value is None:
+    return default
+  if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    raise ValueError(f"config.json {name} must be a number, got {value!r}")
+  return float(value)
 
 
 def _parse_rope_scaling(params: Mapping[str, Any]) -> RopeScaling | None:
   kind = params.get("rope_type", params.get("type", "default"))
   if kind in (None, "default"):
     return None
-  if kind == "llama3":
-    return RopeScaling(
-        kind="llama3",
-        factor=float(params["factor"]),
-        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=int(params.get("original_max_position_embeddings", 8192)),
-    )
+  if kind not in ("llama3", "linear"):
+    raise UnsupportedArchitectureError(f"unsupported rope scaling type {kind!r} (llama3, linear)")
+  factor = params.get("factor")
+  if factor is None:
+    raise ValueError(f"rope_scaling of type {kind!r} needs a 'factor', got {dict(params)!r}")
+  factor = _hf_real(factor, "rope_scaling.factor", 1.0)
   if kind == "linear":
-    return RopeScaling(kind="linear", factor=float(params["factor"]))
-  raise UnsupportedArchitectureError(f"unsupported rope scaling type {kind!r} (llama3, linear)")
+    return RopeScaling(kind="linear", factor=factor)
+  return RopeScaling(
+      kind="llama3",
+      factor=factor,
+      low_freq_factor=_hf_real(params.get("low_freq_factor"), "rope_scaling.low_freq_factor",
+                               1.0),
+      high_freq_factor=_hf_real(params.get("high_freq_factor"), "rope_scaling.high_freq_factor",
+                                4.0),
+      original_max_position_embeddings=_hf_int(params, "original_max_position_embeddings", 8192,
+                                               where="rope_scaling."),
+  )
 
 
 def rope_scaling_to_hf(s: RopeScaling | None) -> dict[str, Any] | None:

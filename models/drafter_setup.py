@@ -83,10 +83,18 @@ def ngram_store_for(target_name: str, vocab_size: int):
 def check_drafter_request(name_or_path: str | os.PathLike, kind: str | None,
                           tree: TreeShape | None) -> None:
   """The checks of setup_drafter that need no model, so a CLI can run them before its load:
-  a malformed n-gram name, an unknown kind, and a tree for the chain-only n-gram drafter."""
+  a malformed n-gram name, an unknown kind, a kind other than the one the drafter's
+  config.json holds, and a tree for the chain-only n-gram drafter."""
   sizes = parse_ngram_name(str(name_or_path))  # raises on a malformed 'ngram:...' name
   if kind is not None and kind not in KINDS:
     raise ValueError(f"unknown drafter kind {kind!r}; choose one of {KINDS}")
+  if kind is not None and kind != "ngram":
+    # Loading an EAGLE-3 folder as Medusa (or back) fails deep in the engine otherwise.
+    held = infer_kind(name_or_path)
+    if held != kind:
+      raise ValueError(f"drafter {str(name_or_path)!r} is of kind {held!r}, but kind "
+                       f"{kind!r} was requested (--drafter {kind}); pass --drafter {held} "
+                       "or leave it out")
   if kind == "ngram" and sizes is None:
     raise ValueError(f"drafter kind 'ngram' needs an n-gram drafter name ('ngram', "
                      f"'ngram:MAX' or 'ngram:MIN-MAX', optionally with '+store'), got "
@@ -104,8 +112,8 @@ def setup_drafter(name_or_path: str, target: LoadedModel, *, k: int,
   the depth-k top-1 tree).
   """
   k = check_positive_int("K", k)
-  kind = kind or infer_kind(name_or_path)
   check_drafter_request(name_or_path, kind, tree)
+  kind = kind or infer_kind(name_or_path)
   plain_fns, plain_params = decoder_fns(target.model, name=target_name)
   if kind == "ngram":
     sizes = parse_ngram_name(str(name_or_path))

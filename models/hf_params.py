@@ -68,13 +68,13 @@ def decoder_from_hf_tensors(cfg: ModelConfig, tensors: Mapping[str, np.ndarray],
                             source: str = "checkpoint") -> Decoder:
   """Builds a `Decoder` whose parameters are the given HF-named tensors (cast to cfg.dtype).
 
-  Raises CheckpointError naming the first missing tensor or shape mismatch.
+  Raises CheckpointError naming the first missing tensor or shape mismatch, or the tensors
+  the config has no place for (a config.json that does not describe these weights).
   """
+  _check_names(cfg, tensors, source)
   model = nnx.eval_shape(lambda: Decoder(cfg, nnx.Rngs(0)))
   dtype = jnp.dtype(cfg.dtype)
   for hf_name, path, transpose in _tensor_map(cfg):
-    if hf_name not in tensors:
-      raise CheckpointError(f"{source}: missing tensor {hf_name!r}")
     value = np.asarray(tensors[hf_name])
     if transpose:
       value = value.T
@@ -85,6 +85,31 @@ def decoder_from_hf_tensors(cfg: ModelConfig, tensors: Mapping[str, np.ndarray],
     var.set_value(jnp.asarray(value, dtype))
   model.inv_freq.set_value(_inv_freq(cfg))
   return model
+
+
+def _ignorable(name: str, cfg: ModelConfig) -> bool:
+  """Tensors real checkpoints carry that the decoder has no place for, by design."""
+  # Older Llama checkpoints saved the RoPE buffer; the decoder computes it from the config.
+  if name.endswith("rotary_emb.inv_freq"):
+    return True
+  # Some tied checkpoints also store the head; transformers ties it to the embedding anyway.
+  return name == "lm_head.weight" and cfg.tie_embeddings
+
+
+def _check_names(cfg: ModelConfig, tensors: Mapping[str, np.ndarray], source: str) -> None:
+  """Refuses a missing tensor, then any left over: a leftover means the config describes
+  another model (e.g. num_hidden_layers=29 over 30 layers), which would run as garbage."""
+  wanted = [hf_name for hf_name, _, _ in _tensor_map(cfg)]
+  for hf_name in wanted:
+    if hf_name not in tensors:
+      raise CheckpointError(f"{source}: missing tensor {hf_name!r}")
+  wanted = set(wanted)
+  unused = sorted(n for n in tensors if n not in wanted and not _ignorable(n, cfg))
+  if unused:
+    shown = ", ".join(repr(n) for n in unused[:3]) + (", ..." if len(unused) > 3 else "")
+    raise CheckpointError(
+        f"{source}: {len(unused)} tensor(s) unused by config.json ({shown}): the config "
+        f"(num_hidden_layers={cfg.num_layers}) does not describe these weights")
 
 
 def _inv_freq(cfg: ModelConfig):

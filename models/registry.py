@@ -87,6 +87,9 @@ def resolve_checkpoint(name_or_path: str | os.PathLike) -> ResolvedCheckpoint:
       neither a folder nor a .gguf file.
   """
   key = os.fspath(name_or_path)
+  if not key.strip():  # Path("") is the current folder, which would be read as a model
+    raise UnknownModelError(f"the model name is empty; pass a known name "
+                            f"({', '.join(sorted(KNOWN_MODELS))}), an HF folder or a .gguf file")
   if key.lower() in KNOWN_MODELS:
     return _resolve_known(key.lower())
   path = Path(key).expanduser()

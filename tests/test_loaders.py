@@ -157,6 +157,48 @@ def test_hf_folder_truncated_file(tmp_path):
     load_hf_folder(tmp_path)
 
 
+@pytest.mark.parametrize("arch, edit, unused", [
+    ("llama", {"num_hidden_layers": 1}, "'model.layers.1.input_layernorm.weight'"),
+    # Qwen2 weights under a Llama config: its q/k/v biases have no place
+    ("qwen2", {"architectures": ["LlamaForCausalLM"], "model_type": "llama"},
+     "'model.layers.0.self_attn.k_proj.bias'"),
+])
+def test_config_that_does_not_describe_the_weights_is_refused(tmp_path, arch, edit, unused):
+  from models.load import load_decoder
+  tiny_model(arch).save_pretrained(tmp_path)
+  config = json.loads((tmp_path / "config.json").read_text())
+  (tmp_path / "config.json").write_text(json.dumps({**config, **edit}))
+  with pytest.raises(CheckpointError, match="unused by config.json") as e:
+    load_decoder(tmp_path)
+  assert unused in str(e.value) and str(tmp_path) in str(e.value)
+
+
+def test_tensors_real_checkpoints_carry_unused_are_accepted():
+  """Old Llama checkpoints store RoPE buffers; some tied ones store lm_head too."""
+  from models.config import ModelConfig
+  from models.hf_params import decoder_from_hf_tensors
+  model = tiny_model("llama", tie=True)
+  tensors = state_dict_np(model)
+  assert "lm_head.weight" in tensors  # torch's state dict keeps the tied head
+  tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.ones(4, np.float32)
+  cfg = ModelConfig.from_hf_config(model.config.to_dict())
+  decoder = decoder_from_hf_tensors(cfg, tensors)
+  np.testing.assert_array_equal(np.asarray(decoder.final_norm.scale[...]),
+                                tensors["model.norm.weight"])
+
+
+def test_config_defaults_apply_only_to_absent_keys():
+  from models.config import ModelConfig
+  hf = {**TINY, "architectures": ["LlamaForCausalLM"]}
+  del hf["rope_theta"], hf["max_position_embeddings"]
+  cfg = ModelConfig.from_hf_config({**hf, "rms_norm_eps": None, "head_dim": None})
+  assert (cfg.rope_theta, cfg.max_position_embeddings, cfg.rms_norm_eps, cfg.head_dim) == (
+      10000.0, 8192, 1e-6, 8)
+  assert ModelConfig.from_hf_config({**hf, "vocab_size": 96.0}).vocab_size == 96
+  with pytest.raises(ValueError, match="rope_theta must be a finite number > 0, got 0.0"):
+    ModelConfig.from_hf_config({**hf, "rope_theta": 0})
+
+
 # --------------------------------------------------------------------------------------- GGUF
 
 
@@ -447,6 +489,17 @@ def test_smollm2_matches_transformers_gguf_loader(smollm2):
               "bos_token_id", "eos_token_id"):
     assert config[key] == getattr(hf_config, key), key
   assert config["rms_norm_eps"] == 1e-5 and config["rope_theta"] == 100000.0
+
+
+@needs_smollm2
+def test_smollm2_under_a_config_with_fewer_layers_is_refused(smollm2):
+  """The audit's case: num_hidden_layers=29 over the 30-layer weights ran and printed garbage."""
+  from models.config import ModelConfig
+  from models.hf_params import decoder_from_hf_tensors
+  cfg = ModelConfig.from_hf_config({**smollm2.config, "num_hidden_layers": 29})
+  with pytest.raises(CheckpointError, match=r"9 tensor\(s\) unused by config.json "
+                     r"\('model.layers.29.input_layernorm.weight'"):
+    decoder_from_hf_tensors(cfg, smollm2.tensors)
 
 
 @needs_smollm2
