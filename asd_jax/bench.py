@@ -32,7 +32,8 @@ from asd_jax.bench_prompts import SUITES, load_prompts, parse_suites
 from asd_jax.bench_protocol import SCHEDULES
 from asd_jax.bench_rows import (BenchContext, PreparedRow, RowRunner, make_batches,
                                ours_plain_greedy, run_rows)
-from asd_jax.cli_common import enable_compilation_cache, run_cli, split_list_flag
+from asd_jax.cli_common import (check_output_path, enable_compilation_cache, run_cli,
+                               split_list_flag)
 
 
 def _transformers_row(ctx: BenchContext) -> PreparedRow:
@@ -145,9 +146,11 @@ def resolve_suite_flags(args) -> None:
                      "drop --quality")
   if args.assisted is None:
     args.assisted = suite and not args.skip_transformers
-  if (args.calibrate_prompts < 0 or args.quality_max_new_tokens <= 0 or args.drift_tol < 0
+  if (args.calibrate_prompts < 0 or args.quality_max_new_tokens <= 0
+      or not 0 <= args.drift_tol < float("inf")  # NaN would never flag a drift
       or (args.calibrate_max_new_tokens is not None and args.calibrate_max_new_tokens <= 0)):
-    raise ValueError("--calibrate-prompts and --drift-tol must not be negative, "
+    raise ValueError("--calibrate-prompts and --drift-tol must not be negative (--drift-tol "
+                     "finite), "
                      "--quality-max-new-tokens and --calibrate-max-new-tokens must be positive")
   if args.quality_rows is not None and not args.quality:
     raise ValueError("--quality-rows needs --quality (or --mode suite)")
@@ -187,7 +190,7 @@ def spec_runners(args, calibrated=None) -> dict[str, RowRunner]:
 def row_shapes(args) -> list:
   """The shapes --tree / --no-chain ask for: None (the chain) and/or a TreeShape."""
   from asd_jax.draft_tree import TreeShape
-  tree = TreeShape.parse(args.tree) if args.tree else None
+  tree = None if args.tree is None else TreeShape.parse(args.tree)  # "" is a typo, not "chain"
   shapes = ([] if args.no_chain else [None]) + ([tree] if tree else [])
   if not shapes:
     raise ValueError("--no-chain needs --tree")
@@ -237,8 +240,28 @@ def _first_standalone(args) -> str:
                    "assistant models are whole LMs); add one or pass --no-assisted")
 
 
+# The flags only the speculative rows read (their argument groups above).
+_SPEC_FLAGS = ("draft", "k", "tree", "no_chain", "asd_budgets", "calibrate_prompts",
+               "calibrate_max_new_tokens", "calibration_source", "protocol", "protocol_schedule",
+               "drift_tol", "quality", "quality_max_new_tokens", "quality_rows", "assisted")
+
+
+def _refuse_spec_flags_in_ar(args) -> None:
+  """--mode ar runs plain decoding rows only: a --tree or --quality there would be dropped
+  without a word, and the user would read a table that lacks what they asked for."""
+  if args.mode != "ar":
+    return
+  parser = build_parser()
+  given = [f"--{name.replace('_', '-')}" for name in _SPEC_FLAGS
+           if getattr(args, name) not in (parser.get_default(name), False)]
+  if given:
+    raise ValueError(f"{', '.join(given)} only appl{'y' if len(given) > 1 else 'ies'} to "
+                     "--mode spec or suite; --mode ar runs plain decoding rows only")
+
+
 def _check_args(args) -> tuple[str, ...]:
   suites = parse_suites(args.suite)
+  _refuse_spec_flags_in_ar(args)
   resolve_suite_flags(args)
   from asd_jax.bench_suite import parse_budgets
   parse_budgets(args.asd_budgets)
@@ -251,6 +274,14 @@ def _check_args(args) -> tuple[str, ...]:
     shapes = row_shapes(args)   # a malformed --draft or --tree fails before the model loads
     for draft, _ in drafts(args):
       drafter_shapes(draft, shapes)
+    if args.calibrate_prompts and args.calibration_source == "suite-tail":
+      from asd_jax.bench_calibration import calibration_prompts  # refuses an overlap
+      calibration_prompts(suites, args.num_prompts, args.calibrate_prompts)
+  if args.json:  # written after every row has run
+    check_output_path(args.json, "--json")
+  if args.llama_cpp:
+    from asd_jax.bench_llama_cpp import import_llama_cpp
+    import_llama_cpp()
   return suites
 
 

@@ -62,13 +62,15 @@ def f32_gguf_for(target: str | os.PathLike) -> Path:
   return folder / GGUF_F32_FILE
 
 
-def _import_llama_cpp():
+def import_llama_cpp():
+  """The optional llama-cpp-python module, or a ValueError saying how to install it (the bench
+  CLI calls this before its model load, so a missing package fails in a second)."""
   try:
     import llama_cpp
   except ImportError:
-    raise RuntimeError("the llama.cpp row needs llama-cpp-python: `.venv/bin/pip install "
-                       "llama-cpp-python` (builds llama.cpp from source, ~9 minutes on 2 cores), "
-                       "or leave out --llama-cpp") from None
+    raise ValueError("the llama.cpp row needs llama-cpp-python: `.venv/bin/pip install "
+                     "llama-cpp-python` (builds llama.cpp from source, ~9 minutes on 2 cores), "
+                     "or leave out --llama-cpp") from None
   return llama_cpp
 
 
@@ -85,7 +87,7 @@ def greedy_tokens(llm, prompt: list[int], max_new_tokens: int, eos_ids: tuple[in
 
 
 def llama_cpp_greedy(ctx: BenchContext) -> PreparedRow:
-  llama_cpp = _import_llama_cpp()
+  llama_cpp = import_llama_cpp()
   path = f32_gguf_for(ctx.target)
   longest = max(len(r) for b in ctx.batches for r in b.rows)
   llm = llama_cpp.Llama(model_path=str(path), n_ctx=longest + ctx.max_new_tokens + 8,

@@ -81,6 +81,9 @@ class ChainDrafter:
 
 def lm_chain_drafter(fns: LanguageModelFns, num_draft: int) -> ChainDrafter:
   """A drafter that runs a language model autoregressively for K tokens (its own KV cache)."""
+  if not isinstance(fns, LanguageModelFns):
+    raise TypeError(f"lm_chain_drafter needs a LanguageModelFns (models.lm_fns.decoder_fns), "
+                    f"got {type(fns).__name__}")
   num_draft = check_positive_int("K (draft block length)", num_draft)  # the closures use it
 
   def prefill(params, prompt_BxT, lengths_B, capacity):

@@ -94,11 +94,13 @@ def main(argv=None):
     raise ValueError("--stream prints text as it arrives; it cannot be combined with --json")
   asd_config = ASDConfig(budget=args.budget, gate=args.gate,
                          max_exceptions=args.max_exceptions, normalize_q=args.normalize_q)
-  tree = TreeShape.parse(args.tree) if args.tree else None
+  tree = None if args.tree is None else TreeShape.parse(args.tree)  # "" is a typo, not "chain"
   if args.draft is not None:
     from models.drafter_setup import check_drafter_request
     check_drafter_request(args.draft, args.drafter, tree)
   row_keys(args.seed, 1)  # refuses a seed outside [0, 2**32)
+  from models.registry import resolve_checkpoint
+  resolve_checkpoint(args.target)  # an empty or unknown --target, before the slow load
   enable_compilation_cache()
 
   from models.load import load_decoder

@@ -43,6 +43,11 @@ from asd_jax.sampling import SamplingConfig
 # non-finite drafter logits as a broken drafter and stops the row).
 _OFF_LOGIT = -1e9
 
+# The lookup compares the history once per n-gram size, unrolled at trace time, every round:
+# its compile time and round cost grow with max_ngram. Prompt lookup uses 2-5 (vLLM's default
+# upper bound is 5); 32 leaves room without letting a typo compile for minutes.
+MAX_NGRAM = 32
+
 
 def lookup_draft(history_BxC: jax.Array, length_B: jax.Array, num_draft: int,
                  max_ngram: int, min_ngram: int) -> tuple[jax.Array, jax.Array]:
@@ -88,10 +93,8 @@ def ngram_drafter(num_draft: int, vocab_size: int, *, max_ngram: int = 3,
   verification costs about one step, min_ngram=1 drafts more often and pays.
   """
   k = check_positive_int("K (draft block length)", num_draft)
-  max_ngram = check_positive_int("max_ngram", max_ngram)
-  min_ngram = check_positive_int("min_ngram", min_ngram)
-  if min_ngram > max_ngram:
-    raise ValueError(f"min_ngram ({min_ngram}) must be <= max_ngram ({max_ngram})")
+  vocab_size = check_positive_int("vocab_size", vocab_size)
+  min_ngram, max_ngram = check_ngram_sizes(min_ngram, max_ngram)
   if store is not None and store.vocab_size != vocab_size:
     raise ValueError(f"the n-gram store was built for a vocabulary of {store.vocab_size} "
                      f"tokens, the target has {vocab_size}")
@@ -158,6 +161,19 @@ def parse_ngram_name(name: str) -> tuple[int, int] | None:
   except ValueError:
     raise ValueError(f"bad n-gram drafter name {name!r}; use 'ngram', 'ngram:MAX' or "
                      f"'ngram:MIN-MAX' (n-gram sizes), optionally with '+store'") from None
-  if lo <= 0 or hi < lo:
-    raise ValueError(f"bad n-gram drafter name {name!r}: need 1 <= MIN <= MAX")
-  return lo, hi
+  try:
+    return check_ngram_sizes(lo, hi)
+  except ValueError as e:
+    raise ValueError(f"bad n-gram drafter name {name!r}: {e}") from None
+
+
+def check_ngram_sizes(min_ngram, max_ngram) -> tuple[int, int]:
+  """(min_ngram, max_ngram) as ints with 1 <= min <= max <= MAX_NGRAM, else ValueError."""
+  max_ngram = check_positive_int("max_ngram", max_ngram)
+  min_ngram = check_positive_int("min_ngram", min_ngram)
+  if min_ngram > max_ngram:
+    raise ValueError(f"min_ngram ({min_ngram}) must be <= max_ngram ({max_ngram})")
+  if max_ngram > MAX_NGRAM:
+    raise ValueError(f"max_ngram {max_ngram} is above {MAX_NGRAM}: the lookup runs once per "
+                     f"n-gram size every round (prompt lookup uses 2-5)")
+  return min_ngram, max_ngram

@@ -34,6 +34,11 @@ import jax.numpy as jnp
 import numpy as np
 
 MAX_CONTINUATION = 8
+# The longest n-gram worth storing: the drafter verifies a stored match of n tokens for n - 1
+# draft tokens, and a continuation holds MAX_CONTINUATION, so a longer n could only add
+# verified repeats of a continuation's last token. Every n also adds a table to the store and a
+# lookup to each decode round, and building costs O(tokens * n) per n.
+MAX_N = MAX_CONTINUATION + 1
 _FNV_OFFSET, _FNV_PRIME = 2166136261, 16777619
 STORE_FILE, MANIFEST_FILE = "store.npz", "manifest.json"
 
@@ -77,11 +82,20 @@ def _fnv_hash_jax(grams: jax.Array) -> jax.Array:
   return h
 
 
+def check_sizes(min_n: int, max_n: int) -> None:
+  """The n-gram sizes a store holds: 1 <= min_n <= max_n <= MAX_N (else ValueError)."""
+  if not 1 <= min_n <= max_n:
+    raise ValueError(f"need 1 <= min_n <= max_n, got {min_n}, {max_n}")
+  if max_n > MAX_N:
+    raise ValueError(f"max_n {max_n} is above {MAX_N}: the drafter verifies a stored match of "
+                     f"n tokens for n - 1 draft tokens, and a stored continuation holds "
+                     f"{MAX_CONTINUATION}")
+
+
 def build_store(sequences: Sequence[Sequence[int]], vocab_size: int, min_n: int = 2,
                 max_n: int = 4) -> NgramStore:
   """The store of `sequences` (token ids < vocab_size); see the module docstring."""
-  if not 1 <= min_n <= max_n:
-    raise ValueError(f"need 1 <= min_n <= max_n, got {min_n}, {max_n}")
+  check_sizes(min_n, max_n)
   seqs = [np.asarray(s, np.int64) for s in sequences if len(s)]
   if not seqs:
     raise ValueError("build_store needs at least one non-empty token sequence")
@@ -190,4 +204,9 @@ def load_store(folder: str | Path, vocab_size: int) -> NgramStore:
   if lengths.sum() != len(tokens):
     raise StoreError(f"n-gram store {folder}: its sequence lengths do not add up to its tokens")
   sequences = np.split(tokens, np.cumsum(lengths)[:-1])
-  return build_store(sequences, vocab_size, manifest["min_n"], manifest["max_n"])
+  if "min_n" not in manifest or "max_n" not in manifest:
+    raise StoreError(f"n-gram store {folder}: its manifest has no min_n / max_n")
+  try:  # a manifest edited by hand: say which store, not only what is wrong
+    return build_store(sequences, vocab_size, manifest["min_n"], manifest["max_n"])
+  except (TypeError, ValueError) as e:
+    raise StoreError(f"n-gram store {folder}: {e}") from None

@@ -37,6 +37,7 @@ import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from asd_jax import verify_checks as checks
@@ -50,11 +51,33 @@ def check_filters(temperature, top_k, top_p):
   if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not (
       math.isfinite(temperature) and temperature >= 0):
     raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+  if temperature > 0:
+    check_float32_temperature(temperature)
   if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 0:
     raise ValueError(f"top_k must be an int >= 0 (0 = off), got {top_k!r}")
   if isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1:
     raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p!r}")
   return float(temperature), int(top_k), float(top_p)
+
+
+_FLOAT32_TINY, _FLOAT32_MAX = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)
+
+
+def check_float32_temperature(temperature: float) -> None:
+  """Refuses T > 0 that float32 cannot divide by: below its smallest normal number T flushes
+  to 0 (0/0 = NaN, then garbage tokens), above its largest it is inf (every token equally
+  likely). Raises ValueError."""
+  if not _FLOAT32_TINY <= temperature <= _FLOAT32_MAX:
+    raise ValueError(f"temperature {temperature!r} is outside float32's normal range "
+                     f"[{_FLOAT32_TINY:.3g}, {_FLOAT32_MAX:.3g}]; use 0 for greedy decoding")
+
+
+def scale_logits(z_xV, temperature: float):
+  """(z - max z) / T in float32. Shifting first keeps a tiny T finite: the top logit maps to 0
+  and the rest towards -inf, the argmax limit, where z / T alone would overflow to inf and
+  softmax to NaN. The shift does not change the softmax."""
+  z_xV = z_xV.astype(jnp.float32)
+  return (z_xV - jnp.max(z_xV, axis=-1, keepdims=True)) / temperature
 
 
 def _order_key(x):
@@ -82,7 +105,7 @@ def _filtered_probs(logits_xV, temperature: float, top_k: int, top_p: float):
   z_xV = logits_xV.astype(jnp.float32)
   if temperature == 0.0:
     return jax.nn.one_hot(first_argmax(z_xV)[0], vocab, dtype=jnp.float32)
-  z_xV = z_xV / temperature
+  z_xV = scale_logits(z_xV, temperature)
   if 0 < top_k < vocab:
     # Keep every logit >= the k-th largest (ties at the boundary included).
     keys_xV = _order_key(z_xV)

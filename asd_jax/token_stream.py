@@ -29,6 +29,12 @@ class TokenStream:
 
   on_tokens: Callable[[int, list[int]], None]
 
+  def __post_init__(self):
+    # Otherwise a non-callable fails inside the running loop as an XLA INTERNAL error.
+    if not callable(self.on_tokens):
+      raise TypeError(f"on_tokens must be callable (row, tokens), got "
+                      f"{type(self.on_tokens).__name__}")
+
   def _deliver(self, tokens_BxW, before_B, after_B) -> None:
     tokens_BxW, before_B, after_B = (np.asarray(x) for x in (tokens_BxW, before_B, after_B))
     for row in np.flatnonzero(after_B > before_B):

@@ -27,6 +27,7 @@ from jax.scipy.special import entr
 
 from asd_jax import verify_checks as checks
 from asd_jax.greedy_verify import prefix_length, target_argmax
+from asd_jax.spec_sampling import check_float32_temperature, scale_logits
 from asd_jax.verify_output import NONFINITE_TOKEN, VerifyOutput
 
 
@@ -35,7 +36,7 @@ def _typical_core(draft_BxK, logits_BxRxV, spent_B, threshold, alpha, temperatur
   k = draft_BxK.shape[1]
   vocab = logits_BxRxV.shape[-1]
   best_BxR, _, nonfinite_B = target_argmax(logits_BxRxV)
-  p_BxKxV = jax.nn.softmax(logits_BxRxV[:, :k].astype(jnp.float32) / temperature, axis=-1)
+  p_BxKxV = jax.nn.softmax(scale_logits(logits_BxRxV[:, :k], temperature), axis=-1)
   entropy_BxK = jnp.sum(entr(p_BxKxV), axis=-1)
   in_vocab_BxK = (draft_BxK >= 0) & (draft_BxK < vocab)
   safe_BxKx1 = jnp.where(in_vocab_BxK, draft_BxK, 0)[..., None]
@@ -78,6 +79,7 @@ def typical_verify(draft_tokens, target_logits, spent=None, *, posterior_thresho
   if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not (
       math.isfinite(temperature) and temperature > 0):
     raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+  check_float32_temperature(temperature)
   draft, z, vocab = checks.block(draft_tokens, target_logits)
   checks.token_range(draft, vocab, "draft_tokens", check_values)
   b = draft.shape[0]

@@ -20,8 +20,30 @@ from pathlib import Path
 
 import numpy as np
 
+from asd_jax.cli_common import check_output_path, run_cli
 
-def main(argv=None) -> int:
+
+def check_args(args):
+  """(suites, tree shape or None, drafter names): every flag checked before the target loads."""
+  from asd_jax.bench_prompts import parse_suites
+  from asd_jax.cli_common import split_list_flag
+  from asd_jax.draft_tree import TreeShape
+  from models.drafter_setup import check_drafter_request
+  for flag, value in (("--k", args.k), ("--num-prompts", args.num_prompts),
+                      ("--max-new-tokens", args.max_new_tokens)):
+    if value <= 0:
+      raise ValueError(f"{flag} must be positive, got {value}")
+  suites = parse_suites(args.suite)
+  tree = TreeShape.parse(args.tree) if args.tree else None
+  drafts = split_list_flag(args.draft, "--draft")
+  for draft in drafts:
+    check_drafter_request(draft, None, tree)
+  if args.json:
+    check_output_path(args.json, "--json")
+  return suites, tree, drafts
+
+
+def build_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--draft", required=True, help="comma-separated drafter folders or names")
   p.add_argument("--target", default="smollm2-135m")
@@ -31,12 +53,16 @@ def main(argv=None) -> int:
   p.add_argument("--num-prompts", type=int, default=10)
   p.add_argument("--max-new-tokens", type=int, default=128)
   p.add_argument("--json", default="")
-  args = p.parse_args(argv)
+  return p
+
+
+@run_cli
+def main(argv=None) -> int:
+  args = build_parser().parse_args(argv)
+  suites, tree, drafts = check_args(args)
 
   import jax
-  from asd_jax.bench_prompts import load_prompts, parse_suites
-  from asd_jax.cli_common import split_list_flag
-  from asd_jax.draft_tree import TreeShape
+  from asd_jax.bench_prompts import load_prompts
   from models.drafter_setup import setup_drafter
   from models.load import load_decoder
   from models.tokenizer import encode_chat, eos_token_ids, load_tokenizer
@@ -44,11 +70,10 @@ def main(argv=None) -> int:
   loaded = load_decoder(args.target)
   tok = load_tokenizer(args.target)
   eos = eos_token_ids(tok, loaded.hf_config)
-  tree = TreeShape.parse(args.tree) if args.tree else None
-  prompts = load_prompts(parse_suites(args.suite), args.num_prompts)
+  prompts = load_prompts(suites, args.num_prompts)
   results = {"config": vars(args), "drafters": {}}
   outputs = {}
-  for draft in split_list_flag(args.draft, "--draft"):
+  for draft in drafts:
     setup = setup_drafter(draft, loaded, k=args.k, tree=tree)
     per_suite: dict[str, list[int]] = {}
     start = time.perf_counter()
@@ -84,7 +109,9 @@ def main(argv=None) -> int:
   print("|---|" + "---|" * (len(base) - 1))
   for name in names:
     r = results["drafters"][name]
-    cells = [f"{r[s]['tau']:.3f} ({r[s]['tau'] / base[s]['tau']:.3f}x)" for s in base
+    # A first drafter with no rounds at all (every answer ended at the prefill) has no ratio.
+    cells = [f"{r[s]['tau']:.3f} " + (f"({r[s]['tau'] / base[s]['tau']:.3f}x)"
+                                      if base[s]["tau"] else "(-)") for s in base
              if s != "seconds"]
     print(f"| {name} | " + " | ".join(cells) + " |")
   if args.json:

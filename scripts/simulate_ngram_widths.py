@@ -33,6 +33,7 @@ import collections
 import dataclasses
 import functools
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -40,6 +41,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # scripts.* when run as a file
+
+from asd_jax.cli_common import (  # noqa: E402
+    attach_dash_values, check_output_path, run_cli, split_list_flag)
 
 
 def own_lookup(hist, max_n, min_n):
@@ -247,7 +251,91 @@ def measure(target, store, answers, ks, max_new_tokens, temperature=0.0) -> tupl
           for name, t in totals.items()}, rules
 
 
-def main(argv=None) -> int:
+def parse_ks(text: str, flag: str) -> list[int]:
+  """'3,5,7' -> [3, 5, 7]: draft block lengths, each a positive integer."""
+  fields = split_list_flag(text, flag)
+  try:
+    ks = [int(k) for k in fields]
+  except ValueError:
+    raise ValueError(f"{flag} must be comma-separated integers, got {text!r}") from None
+  bad = [k for k in ks if k <= 0]
+  if bad:
+    raise ValueError(f"{flag}: a draft length K must be a positive integer, got {bad[0]}")
+  return ks
+
+
+def parse_cost(text: str, max_k: int) -> dict[int, float]:
+  """--cost: JSON {width: round cost / plain step}. Every width 1..max_k needs a finite cost
+  > 0 (a replay may verify any of them); width 0, a plain step, defaults to 1."""
+  try:
+    raw = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"--cost is not valid JSON ({e}): {text!r}") from None
+  if not isinstance(raw, dict):
+    raise ValueError(f"--cost must be a JSON object {{width: cost}}, got {text!r}")
+  cost = {}
+  for w, c in raw.items():
+    try:
+      width, value = int(w), float(c)
+    except (TypeError, ValueError):
+      raise ValueError(f"--cost: {w!r}: {c!r} is not an integer width and a number") from None
+    if width < 0 or not math.isfinite(value) or value <= 0:
+      raise ValueError(f"--cost: {w!r}: {c!r}: widths are >= 0 and costs finite and > 0")
+    cost[width] = value
+  missing = [w for w in range(1, max_k + 1) if w not in cost]
+  if missing:
+    raise ValueError(f"--cost has no cost for width {missing[0]}; the replays at K up to "
+                     f"{max_k} verify any width 1..{max_k}")
+  return cost
+
+
+def read_answers(path: str, suites) -> list | None:
+  """The answers in --answers, or None where it does not exist yet (the run writes it)."""
+  if not Path(path).is_file():
+    check_output_path(path, "--answers")
+    return None
+  try:
+    answers = json.loads(Path(path).read_text())
+  except (OSError, ValueError) as e:
+    raise ValueError(f"--answers {path}: cannot read it ({e})") from None
+  if not isinstance(answers, list) or not all(
+      isinstance(a, dict) and {"suite", "prompt", "output"} <= a.keys() for a in answers):
+    raise ValueError(f"--answers {path}: not an answers file of this script (a list of "
+                     "{suite, prompt, output})")
+  missing = [s for s in suites if not any(a["suite"] == s for a in answers)]
+  if missing:
+    raise ValueError(f"--answers {path} has no answers for suite {missing[0]!r}; drop it from "
+                     "--suites or write the answers to a new file")
+  return answers
+
+
+def check_args(args):
+  """(suites, ks, measure ks, the widest K replayed, cost or None, answers or None): every flag
+  checked before the target loads or anything decodes."""
+  from asd_jax.bench_prompts import parse_suites
+  from asd_jax.sampling import SamplingConfig
+  for flag, value in (("--num-prompts", args.num_prompts),
+                      ("--max-new-tokens", args.max_new_tokens)):
+    if value <= 0:
+      raise ValueError(f"{flag} must be positive, got {value}")
+  if args.measure < 0:
+    raise ValueError(f"--measure must be >= 0 (0: no real decoding), got {args.measure}")
+  try:
+    SamplingConfig(temperature=args.measure_temperature)
+  except ValueError as e:
+    raise ValueError(f"--measure-temperature: {e}") from None
+  suites = parse_suites(args.suites)
+  ks = parse_ks(args.ks, "--ks")
+  mks = parse_ks(args.measure_ks, "--measure-ks")
+  widest = max(ks + (mks if args.measure else []))
+  cost = parse_cost(args.cost, widest) if args.cost else None
+  if args.json:
+    check_output_path(args.json, "--json")
+  answers = read_answers(args.answers, suites) if args.answers else None
+  return suites, ks, mks, widest, cost, answers
+
+
+def build_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--target", default="smollm2-135m")
   p.add_argument("--suites", default="humaneval,mt_bench")
@@ -264,21 +352,22 @@ def main(argv=None) -> int:
                  help="> 0: --measure samples (rule='sample', EOS ignored) at this temperature, "
                  "and adds the every-round-K control")
   p.add_argument("--json", default="")
-  args = p.parse_args(argv)
-  from asd_jax.bench_prompts import parse_suites
+  return p
+
+
+@run_cli
+def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else list(argv)
+  args = build_parser().parse_args(attach_dash_values(argv, ("--ks", "--measure-ks")))
+  suites, ks, mks, widest, cost, answers = check_args(args)
   from models.drafter_setup import ngram_store_for
-  suites = parse_suites(args.suites)
-  ks = [int(k) for k in args.ks.split(",")]
-  if args.answers and Path(args.answers).exists():
-    answers = json.loads(Path(args.answers).read_text())
-  else:
+  if answers is None:
     answers = decode_answers(args.target, suites, args.num_prompts, args.max_new_tokens, 16)
     if args.answers:
+      Path(args.answers).parent.mkdir(parents=True, exist_ok=True)
       Path(args.answers).write_text(json.dumps(answers))
-  if args.cost:
-    cost = {int(w): float(c) for w, c in json.loads(args.cost).items()}
-  else:
-    cost = loop_cost(args.target, max(ks))
+  if cost is None:
+    cost = loop_cost(args.target, widest)
   cost[0] = cost.get(0, 1.0) * 1.02  # a skipped round: a plain step inside lax.cond (profiled)
   ngram_store = ngram_store_for(args.target, load_target(args.target)[0].vocab_size)
   store = StoreLookup(ngram_store)
@@ -304,7 +393,6 @@ def main(argv=None) -> int:
   if args.measure:
     for suite in suites:
       pairs = [(a["prompt"], a["output"]) for a in answers if a["suite"] == suite][:args.measure]
-      mks = [int(k) for k in args.measure_ks.split(",")]
       got, rules = measure(args.target, ngram_store, pairs, mks, args.max_new_tokens,
                            args.measure_temperature)
       print(f"\n{suite}: real decoding of {len(pairs)} prompts (simulated on the same answers)")

@@ -15,8 +15,9 @@ import jax
 import numpy as np
 import pytest
 
-from asd_jax import (ASDConfig, SamplingConfig, apply_sampling_filters, asd_decode, asd_verify,
-                     greedy_verify, speculative_sample, tree_asd_verify, tree_greedy_verify)
+from asd_jax import (ASDConfig, SamplingConfig, TokenStream, apply_sampling_filters, asd_decode,
+                     asd_verify, greedy_verify, ngram_drafter, speculative_sample,
+                     tree_asd_verify, tree_greedy_verify, typical_verify)
 from asd_jax.draft_tree import TreeShape, lm_tree_drafter
 from asd_jax.drafter_api import lm_chain_drafter
 from asd_jax.plain_decode import plain_decode
@@ -78,6 +79,21 @@ def other_params(engine, which, mismatch):
     return asd_tree_decode(fns, tparams, lm_tree_drafter(fns, TreeShape(2, 2, 3)), dparams, P,
                            N, max_new_tokens=4)
   return run
+
+
+def config_json(**changes):
+  """ModelConfig.from_hf_config of a small valid Llama config.json with `changes` applied."""
+  from models.config import ModelConfig
+  hf = dict(architectures=["LlamaForCausalLM"], vocab_size=V, hidden_size=16,
+            intermediate_size=32, num_hidden_layers=1, num_attention_heads=4,
+            num_key_value_heads=2, rope_theta=10000.0, rms_norm_eps=1e-5,
+            max_position_embeddings=64)
+  return lambda: ModelConfig.from_hf_config({**hf, **changes})
+
+
+def drafter_kind(name, kind):
+  from models.drafter_setup import check_drafter_request
+  return lambda: check_drafter_request(name, kind, None)
 
 
 API = [
@@ -171,6 +187,11 @@ API = [
     ("filters: top_p>1", lambda: apply_sampling_filters(LOGITS, top_p=2.0), ValueError, "top_p"),
     ("spec sample: top_p nan", lambda: speculative_sample(
         DRAFT, LOGITS[:, :2], LOGITS, jax.random.key(0), top_p=math.nan), ValueError, "top_p"),
+    # a float32 0 (flushed) or inf temperature made every token NaN-scored or equally likely
+    ("SamplingConfig: temperature below float32", lambda: SamplingConfig(temperature=1e-40),
+     ValueError, "outside float32's normal range"),
+    ("typical: temperature above float32", lambda: typical_verify(
+        DRAFT, LOGITS, SPENT, temperature=1e39), ValueError, "outside float32's normal range"),
     ("decode: greedy rule with temperature", decode(sampling=SamplingConfig(temperature=1.0)),
      ValueError, "rule='sample'"),
     # --- mismatched vocabularies ----------------------------------------------------------------
@@ -204,6 +225,12 @@ API = [
     # --- unknown names --------------------------------------------------------------------------
     ("decode: unknown rule", decode(rule="greedyish"), ValueError, "unknown rule"),
     ("decode: not a drafter", decode(drafter=object()), TypeError, "ChainDrafter"),
+    ("lm_chain_drafter: not a model", lambda: lm_chain_drafter(object(), 2), TypeError,
+     "needs a LanguageModelFns"),
+    ("ngram drafter: vocab 0", lambda: ngram_drafter(2, 0), ValueError, "vocab_size"),
+    ("ngram drafter: max_ngram past the cap", lambda: ngram_drafter(2, V, max_ngram=10**6),
+     ValueError, "above 32"),
+    ("TokenStream: not callable", lambda: TokenStream(5), TypeError, "on_tokens must be callable"),
     ("decode: not a target", decode(target=object()), TypeError, "target must be LanguageModelFns"),
     ("decode: sampling a dict", decode(sampling={"temperature": 0}), TypeError,
      "sampling must be SamplingConfig"),
@@ -211,6 +238,46 @@ API = [
      TypeError, "sampling must be SamplingConfig"),
     ("plain: not a model", lambda: plain_decode(None, None, P, N, max_new_tokens=2), TypeError,
      "fns must be LanguageModelFns"),
+    # --- config.json values: each refused by field and value, none replaced or truncated ---------
+    ("config.json: linear rope without factor", config_json(rope_scaling={"rope_type": "linear"}),
+     ValueError, "rope_scaling of type 'linear' needs a 'factor'"),
+    ("config.json: 0 heads, no head_dim", config_json(num_attention_heads=0), ValueError,
+     "num_attention_heads must be a positive integer, got 0"),
+    ("config.json: 0 kv heads", config_json(num_key_value_heads=0), ValueError,
+     "num_key_value_heads must be a positive integer, got 0"),
+    ("config.json: rope_theta 0", config_json(rope_theta=0), ValueError,
+     "rope_theta must be a finite number > 0, got 0.0"),
+    ("config.json: rope_theta < 0", config_json(rope_theta=-1.0), ValueError,
+     "rope_theta must be a finite number > 0, got -1.0"),
+    ("config.json: rope_theta nan", config_json(rope_theta=math.nan), ValueError,
+     "rope_theta must be a finite number > 0, got nan"),
+    ("config.json: rope_theta a string", config_json(rope_theta="1e4"), ValueError,
+     "rope_theta must be a number, got '1e4'"),
+    ("config.json: vocab_size 49152.9", config_json(vocab_size=49152.9), ValueError,
+     "vocab_size must be a positive integer, got 49152.9"),
+    ("config.json: rms_norm_eps < 0", config_json(rms_norm_eps=-1e-5), ValueError,
+     "rms_norm_eps must be a finite number >= 0, got -1e-05"),
+    ("config.json: rms_norm_eps nan", config_json(rms_norm_eps=math.nan), ValueError,
+     "rms_norm_eps must be a finite number >= 0, got nan"),
+    ("config.json: max_position_embeddings 0", config_json(max_position_embeddings=0),
+     ValueError, "max_position_embeddings must be a positive integer, got 0"),
+    ("config.json: max_position_embeddings < 0", config_json(max_position_embeddings=-8),
+     ValueError, "max_position_embeddings must be a positive integer, got -8"),
+    ("config.json: rope factor 0", config_json(rope_scaling={"rope_type": "linear", "factor": 0}),
+     ValueError, "rope_scaling.factor must be a finite number > 0, got 0.0"),
+    ("config.json: rope factor < 0", config_json(
+        rope_scaling={"rope_type": "llama3", "factor": -8.0}), ValueError,
+     "rope_scaling.factor must be a finite number > 0, got -8.0"),
+    ("config.json: llama3 rope high <= low freq factor", config_json(rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 4.0}),
+     ValueError, "high_freq_factor (4.0) must be greater than low_freq_factor (4.0)"),
+    # --- a drafter kind other than the folder's (an AttributeError deep in the engine before) --
+    ("drafter: EAGLE-3 folder as medusa", drafter_kind("smollm2-135m-eagle3", "medusa"),
+     ValueError, "'smollm2-135m-eagle3' is of kind 'eagle3', but kind 'medusa' was requested"),
+    ("drafter: Medusa folder as eagle3", drafter_kind("smollm2-135m-medusa", "eagle3"),
+     ValueError, "'smollm2-135m-medusa' is of kind 'medusa', but kind 'eagle3' was requested"),
+    ("drafter: standalone folder as eagle3", drafter_kind("smollm2-135m-standalone", "eagle3"),
+     ValueError, "is of kind 'standalone', but kind 'eagle3'"),
     # --- another model's params (the loaders refuse such checkpoints; this is the raw API) ----
     ("plain: params with other arrays", other_params("plain", "target", "arrays"), ValueError,
      "params hold 22 arrays, model 'decoder' has 13: are they another model's parameters?"),
@@ -261,7 +328,7 @@ def _loader_cases(tmp):
   from models.drafter_checkpoint import export_eagle3, import_eagle3, load_drafter, save_drafter
   from models.drafter_folder import load_standalone_drafter, resolve_drafter
   from models.gguf_file import load_gguf
-  from models.hf_folder import load_hf_folder
+  from models.hf_folder import load_hf_folder, replace_hf_folder
   from models.registry import load_checkpoint
 
   bad_json = tmp / "bad_json"
@@ -276,6 +343,10 @@ def _loader_cases(tmp):
   drafter_garbage = tmp / "drafter_garbage"
   _write(drafter_garbage / "config.json", b'{"asd_jax_drafter": "eagle3"}')
   _write(drafter_garbage / "model.safetensors", b"\xff" * 12)
+  notes = tmp / "notes"
+  _write(notes / "notes.txt", b"keep me")
+  _write(notes / "sub" / "y", b"and me")
+  text_file = _write(tmp / "some_text_file", b"keep me")
   return [
       ("registry: unknown name", lambda: load_checkpoint("no-such-model"), UnknownModelError,
        "unknown model 'no-such-model'"),
@@ -307,6 +378,13 @@ def _loader_cases(tmp):
        "not a drafter"),
       ("export_eagle3: not EAGLE-3", lambda: export_eagle3(tmp / "out2", object()), TypeError,
        "EAGLE-3"),
+      # replacing a folder deletes it: only an earlier drafter export may be replaced
+      ("replace_hf_folder: other files", lambda: replace_hf_folder(notes, {}, {}),
+       CheckpointError, "notes.txt, sub"),
+      ("replace_hf_folder: a file", lambda: replace_hf_folder(text_file, {}, {}),
+       CheckpointError, "is not a folder"),
+      ("replace_hf_folder: a model folder", lambda: replace_hf_folder(garbage_st, {}, {}),
+       CheckpointError, "not a drafter's"),
   ]
 
 
@@ -315,7 +393,9 @@ _LOADER_IDS = ["registry: unknown name", "registry: not a gguf file", "hf folder
                "hf folder: corrupt safetensors", "gguf: missing", "gguf: corrupt",
                "drafter: unknown name", "drafter: folder missing", "drafter: corrupt weights",
                "drafter: import_eagle3 of garbage", "drafter: standalone missing",
-               "save_drafter: not a drafter", "export_eagle3: not EAGLE-3"]
+               "save_drafter: not a drafter", "export_eagle3: not EAGLE-3",
+               "replace_hf_folder: other files", "replace_hf_folder: a file",
+               "replace_hf_folder: a model folder"]
 
 
 @pytest.mark.parametrize("name", _LOADER_IDS)
@@ -343,7 +423,14 @@ GENERATE = [
     (["--prompt", "hi", "--top-k", "-3"], "top_k"),
     (["--prompt-ids", "1,,x"], "empty entry"),
     (["--prompt", "hi", "--draft", "ngram:x"], "bad n-gram drafter name 'ngram:x'"),
-    (["--prompt", "hi", "--draft", "ngram:3-2"], "MIN <= MAX"),
+    (["--prompt", "hi", "--draft", "ngram:3-2"], "min_ngram (3) must be <= max_ngram (2)"),
+    # the lookup is unrolled once per n-gram size: this one compiled for minutes
+    (["--prompt", "hi", "--draft", "ngram:1000000"], "max_ngram 1000000 is above 32"),
+    (["--prompt", "hi", "--draft", "self", "--tree", ""], "DEPTH,TOPK,NODES"),  # not "chain"
+    # float32 flushes it to 0: the logits became NaN and the answer token 0 six times
+    (["--prompt", "hi", "--temperature", "1e-40"], "outside float32's normal range"),
+    (["--prompt", "hi", "--target", ""], "the model name is empty"),
+    (["--prompt", "hi", "--temperature", "1e39"], "outside float32's normal range"),
     (["--prompt", "hi", "--draft", "ngram", "--tree", "2,2,3"], "chains only"),
     (["--prompt", "hi", "--draft", "some/folder", "--drafter", "ngram"],
      "needs an n-gram drafter name"),
@@ -371,6 +458,15 @@ BENCH = [
     (["--mode", "spec", "--k", "0"], "--k must be positive"),
     (["--mode", "spec", "--tree", "2,2"], "DEPTH,TOPK,NODES"),
     (["--target", "no-such-model", "--num-prompts", "1"], "unknown model 'no-such-model'"),
+    (["--mode", "spec", "--tree", ""], "DEPTH,TOPK,NODES"),
+    (["--mode", "spec", "--draft", "ngram:100"], "max_ngram 100 is above 32"),
+    # these used to fail only after every row had run, or never
+    (["--json", "."], "--json . is a folder, not a file"),
+    (["--mode", "suite", "--drift-tol", "nan"], "--drift-tol"),
+    (["--mode", "suite", "--suite", "mt_bench", "--num-prompts", "80"], "would overlap"),
+    # plain rows only: these were dropped without a word
+    (["--mode", "ar", "--tree", "2,2,3", "--quality"], "--tree, --quality only apply to"),
+    (["--draft", "ngram"], "--draft only applies to --mode spec or suite"),
 ]
 
 
@@ -400,6 +496,19 @@ TRAIN = [
     (["--config=tiny", "--set", "warmup_steps=-1"], "warmup_steps must be >= 0"),
     (["--config=tiny", "--set", "eval_tree=1,0"], "eval_tree must be (depth, top-k)"),
     (["--config=tiny", "--set", "eval_tree=(1,0)"], "expected comma-separated integers"),
+    # loss weights: NaN or inf trains to a NaN drafter and still exits 0
+    (["--config=tiny", "--set", "ttt_step_decay=nan"], "ttt_step_decay must be a finite number"),
+    (["--config=tiny", "--set", "ttt_step_decay=-3"], "ttt_step_decay must be a finite number"),
+    (["--config=tiny", "--set", "vsd_eta=inf"], "vsd_eta must be a finite number >= 0, got inf"),
+    (["--config=tiny", "--set", "vsd_lambda_wl=inf"], "vsd_lambda_wl must be a finite number"),
+    (["--config=tiny", "--set", "data_seed=-1"], "data_seed must be >= 0"),
+    # longer than the target's positions: a ~10 TB allocation before this check
+    (["--config=tiny", "--set", "seq_len=100000"], "seq_len=100000 exceeds the target's 512"),
+    # dataset fields: negative counts sliced silently, a zero batch crashed mid-build
+    (["--config=tiny", "--set", "data.num_prompts=-5"], "data.num_prompts must be positive"),
+    (["--config=tiny", "--set", "data.gen_batch=0"], "data.gen_batch must be positive"),
+    (["--config=tiny", "--set", "data.gen_batch=-1"], "data.gen_batch must be positive"),
+    (["--config=tiny", "--set", "data.prompt_seed=-1"], "data.prompt_seed must be >= 0"),
 ]
 
 

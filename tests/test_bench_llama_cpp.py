@@ -105,5 +105,14 @@ def test_missing_llama_cpp_is_explained(monkeypatch, tmp_path):
   monkeypatch.setitem(sys.modules, "llama_cpp", None)  # makes `import llama_cpp` fail
   ctx = BenchContext(target="x", tokenizer=None, batches=[], max_new_tokens=1, eos_ids=(),
                      batch_size=1, repeats=1)
-  with pytest.raises(RuntimeError, match="pip install llama-cpp-python"):
+  with pytest.raises(ValueError, match="pip install llama-cpp-python"):
     llama_cpp_greedy(ctx)
+
+
+def test_bench_says_llama_cpp_is_missing_before_the_model_loads(monkeypatch, capsys):
+  from asd_jax import bench
+  monkeypatch.setitem(sys.modules, "llama_cpp", None)
+  with pytest.raises(SystemExit) as e:
+    bench.main(["--target", "no-such-model", "--llama-cpp", "--skip-transformers"])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and "pip install llama-cpp-python" in err, err

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import asd_jax.ngram_store as ngram_store
 from asd_jax.ngram_drafter import ngram_drafter, parse_ngram_name, uses_store
-from asd_jax.ngram_store import (MAX_CONTINUATION, StoreError, build_store, fnv_hash,
+from asd_jax.ngram_store import (MAX_CONTINUATION, MAX_N, StoreError, build_store, fnv_hash,
                                  load_store, save_store, store_draft)
 from asd_jax.plain_decode import plain_decode
 from asd_jax.spec_decode import asd_decode
@@ -116,6 +116,20 @@ def test_save_load_and_refusals(tmp_path):
     build_store([[]], vocab_size=4)
   with pytest.raises(ValueError, match="vocabulary of 10 tokens, the target has 12"):
     ngram_drafter(2, 12, store=store)
+
+
+def test_ngram_sizes_past_what_the_drafter_uses_are_refused(tmp_path):
+  # max_n = 10**6 ran for hours: the build loops over every n, stacking n columns each time.
+  with pytest.raises(ValueError, match=f"max_n 1000000 is above {MAX_N}"):
+    build_store([[1, 2, 3]], vocab_size=4, max_n=10**6)
+  assert build_store([list(range(12))], 12, min_n=2, max_n=MAX_N).tables.keys() == set(
+      range(2, MAX_N + 1))
+  # A manifest edited by hand fails the same way, naming the store.
+  save_store([[1, 2, 3]], 4, tmp_path / "s", {"target": "toy"})
+  manifest = tmp_path / "s" / ngram_store.MANIFEST_FILE
+  manifest.write_text(manifest.read_text().replace('"max_n": 4', '"max_n": 1000000'))
+  with pytest.raises(StoreError, match=f"n-gram store .*s: max_n 1000000 is above {MAX_N}"):
+    load_store(tmp_path / "s", 4)
 
 
 def test_names():

@@ -1,0 +1,142 @@
+"""The research scripts refuse bad flags with one `error:` line and exit code 2 before they load
+the target or decode anything: scripts/build_ngram_store.py, scripts/drafter_tau.py and
+scripts/simulate_ngram_widths.py (their results come after minutes of decoding, so a typo must
+not cost them)."""
+
+import json
+
+import pytest
+
+from scripts import build_ngram_store, drafter_tau, simulate_ngram_widths
+
+COST = json.dumps({w: 1.0 + 0.1 * w for w in range(8)})
+
+
+@pytest.fixture(autouse=True)
+def no_target(monkeypatch):
+  import models.load
+
+  def no_load(*args, **kwargs):
+    raise AssertionError("the target was loaded before the flags were checked")
+
+  monkeypatch.setattr(models.load, "load_decoder", no_load)
+
+
+@pytest.fixture
+def paths(tmp_path):
+  """{placeholder: path} for the tables' arguments."""
+  answers = [{"suite": s, "prompt": [1, 2, 3], "output": [4, 5]} for s in ("humaneval", "mt_bench")]
+  files = {"answers": json.dumps(answers), "humaneval_only": json.dumps(answers[:1]),
+           "not_json": "{bad", "not_answers": '{"x": 1}', "a_file": ""}
+  for name, text in files.items():
+    (tmp_path / name).write_text(text)
+  (tmp_path / "a_folder").mkdir()
+  return {name: str(tmp_path / name) for name in [*files, "a_folder"]}
+
+
+def run(main, argv, paths, capsys):
+  """(exit code, stderr) of main(argv), each '{name}' in argv replaced by paths[name]."""
+  for name, path in paths.items():
+    argv = [a.replace("{" + name + "}", path) for a in argv]
+  try:
+    code = main(argv)
+  except SystemExit as e:
+    code = e.code
+  return code, capsys.readouterr().err.strip()
+
+
+def assert_one_line_error(code, err, message):
+  assert code == 2, err
+  assert err.startswith("error: ") and message in err and "\n" not in err, err
+
+
+BUILD = [
+    (["--max-n", "1000000"], "--min-n / --max-n: max_n 1000000 is above 9"),
+    (["--min-n", "3", "--max-n", "2"], "need 1 <= min_n <= max_n"),
+    (["--out", "{a_file}"], "is a file, not a folder"),
+    (["--out", "{a_file}/store"], "is a file, not a folder"),
+    (["--out", ""], "--out is empty"),
+]
+
+
+@pytest.mark.parametrize("argv, message", BUILD, ids=[" ".join(a) for a, _ in BUILD])
+def test_build_ngram_store(argv, message, paths, capsys):
+  base = ["--dataset", "{a_folder}/no_dataset", "--target", "smollm2-135m", "--out",
+          "{a_folder}/store"]
+  assert_one_line_error(*run(build_ngram_store.main, base + argv, paths, capsys), message)
+
+
+TAU = [
+    (["--tree", "2,,3"], "--tree must be DEPTH,TOPK,NODES"),
+    (["--tree", "", "--k", "0"], "--k must be positive, got 0"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be positive, got 0"),
+    (["--num-prompts", "0"], "--num-prompts must be positive, got 0"),
+    (["--suite", "foo"], "unknown suite 'foo'"),
+    (["--draft", "self,,ngram"], "--draft 'self,,ngram' has an empty entry"),
+    (["--draft", "ngram"], "the n-gram drafter drafts chains only"),
+    (["--json", "{a_folder}"], "is a folder, not a file"),
+    (["--json", "{a_file}/out.json"], "is a file, not a folder"),
+]
+
+
+@pytest.mark.parametrize("argv, message", TAU, ids=[" ".join(a) for a, _ in TAU])
+def test_drafter_tau(argv, message, paths, capsys):
+  assert_one_line_error(*run(drafter_tau.main, ["--draft", "self"] + argv, paths, capsys),
+                        message)
+
+
+SIMULATE = [
+    (["--ks", "0"], "--ks: a draft length K must be a positive integer, got 0"),
+    (["--ks", "-3"], "--ks: a draft length K must be a positive integer, got -3"),
+    (["--ks", "-3,5"], "--ks: a draft length K must be a positive integer, got -3"),
+    (["--ks", "3,,5"], "--ks '3,,5' has an empty entry"),
+    (["--ks", "3,x"], "--ks must be comma-separated integers"),
+    (["--measure", "1", "--measure-ks", "0"], "--measure-ks: a draft length K"),
+    (["--cost", "{bad"], "--cost is not valid JSON"),
+    (["--cost", "[1]"], "--cost must be a JSON object"),
+    (["--cost", '{"1": 1.1}', "--ks", "3"], "--cost has no cost for width 2"),
+    (["--cost", '{"1": -1, "2": 1, "3": 1}', "--ks", "3"], "costs finite and > 0"),
+    (["--cost", '{"1": "x"}', "--ks", "1"], "not an integer width and a number"),
+    # the measured K are replayed too
+    (["--ks", "3", "--measure", "1", "--measure-ks", "9"], "--cost has no cost for width 8"),
+    (["--answers", "{a_folder}"], "is a folder, not a file"),
+    (["--answers", "{not_json}"], "cannot read it"),
+    (["--answers", "{not_answers}"], "not an answers file of this script"),
+    (["--answers", "{humaneval_only}"], "has no answers for suite 'mt_bench'"),
+    (["--measure-temperature", "nan"], "--measure-temperature: temperature must be a finite"),
+    (["--measure-temperature", "-1"], "--measure-temperature: temperature must be a finite"),
+    (["--measure", "-1"], "--measure must be >= 0"),
+    (["--num-prompts", "0"], "--num-prompts must be positive, got 0"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be positive, got 0"),
+    (["--suites", "foo"], "unknown suite 'foo'"),
+    (["--json", "{a_folder}"], "is a folder, not a file"),
+]
+
+
+@pytest.mark.parametrize("argv, message", SIMULATE, ids=[" ".join(a) for a, _ in SIMULATE])
+def test_simulate_ngram_widths(argv, message, paths, capsys):
+  base = ["--answers", "{answers}", "--cost", COST]
+  assert_one_line_error(*run(simulate_ngram_widths.main, base + argv, paths, capsys), message)
+
+
+def test_simulate_checks_cost_before_decoding_answers(paths, capsys):
+  # Without --answers the answers are decoded first; --cost used to be read only after that.
+  code, err = run(simulate_ngram_widths.main, ["--cost", "{bad"], paths, capsys)
+  assert_one_line_error(code, err, "--cost is not valid JSON")
+
+
+def test_good_flags_pass_the_checks(paths, tmp_path):
+  from asd_jax.draft_tree import TreeShape
+  args = drafter_tau.build_parser().parse_args(
+      ["--draft", "a,b", "--json", str(tmp_path / "new" / "tau.json")])
+  assert drafter_tau.check_args(args) == (("mt_bench", "humaneval"), TreeShape(4, 4, 16),
+                                          ["a", "b"])
+  parse = simulate_ngram_widths.build_parser().parse_args
+  args = parse(["--answers", paths["answers"], "--cost", COST, "--ks", "5", "--measure",
+                "8", "--measure-ks", "5,7"])
+  suites, ks, mks, widest, cost, answers = simulate_ngram_widths.check_args(args)
+  assert (suites, ks, mks, widest) == (("humaneval", "mt_bench"), [5], [5, 7], 7)
+  assert cost == {w: 1.0 + 0.1 * w for w in range(8)} and len(answers) == 2
+  # A missing --answers file is where the decoded answers go; no --cost: measured later.
+  args = parse(["--answers", str(tmp_path / "new" / "answers.json")])
+  assert simulate_ngram_widths.check_args(args)[-2:] == (None, None)
