@@ -25,9 +25,11 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from asd_jax.cli_common import check_output_path
 from configs.train_presets import get_preset, with_overrides
-from vsd_jax.dataset_builder import DatasetError, dataset_metadata, write_dataset
-from vsd_jax.targets import Target, load_target
+from vsd_jax.dataset_builder import (DatasetError, check_dataset_fits, dataset_metadata,
+                                     write_dataset)
+from vsd_jax.targets import Target, load_target, target_source
 
 
 def make_prompts(target: Target, num: int, seed: int) -> list[list[int]]:
@@ -97,14 +99,17 @@ def generate(target: Target, rows: list[list[int]], max_new_tokens: int, batch_s
 def build(cfg, overwrite: bool = False, log=print) -> dict:
   """Generates and writes the dataset of preset `cfg`; returns its metadata."""
   d = cfg.data
+  check_output_path(cfg.dataset_dir(), "data_dir", folder=True)  # before any target time
   if not overwrite:
     try:
       meta = dataset_metadata(cfg.dataset_dir())
-      log(f"{cfg.dataset_dir()} already holds a dataset (target {meta.get('target')!r}); "
+    except DatasetError:
+      meta = None
+    if meta is not None:
+      check_dataset_fits(cfg.dataset_dir(), meta, cfg, target_source(cfg))
+      log(f"{cfg.dataset_dir()} already holds this dataset (target {meta.get('target')!r}); "
           "pass --overwrite to rebuild it")
       return meta
-    except DatasetError:
-      pass
   target = load_target(cfg)
   rows = make_prompts(target, d.num_prompts + d.heldout_prompts, d.prompt_seed)
   t0 = time.perf_counter()

@@ -8,7 +8,9 @@ complete, so a run killed mid-save leaves only whole checkpoints). Items:
   data   JsonSave      DataPosition of the batch reader after the saved step
   meta   JsonSave      objective description, parameter shapes, target, preset name
 
-Resume refuses a checkpoint whose drafter, target or parameter shapes differ from the run's.
+Resume, --init-from and --eval-only refuse a checkpoint whose drafter, target, parameter
+shapes, fused target layers or draft vocabulary map (a sha256 of d2t, which the data_dir's
+token counts decide) differ from the run's.
 """
 
 from __future__ import annotations
@@ -118,7 +120,8 @@ class _readable:
 
 
 def check_compatible(saved: dict, current: dict, where, same_objective: bool = True) -> None:
-  """Raises CheckpointMismatchError naming the first difference (kind, target, shapes, rest)."""
+  """Raises CheckpointMismatchError naming the first difference (kind, target, shapes, fused
+  layers, draft vocabulary map, rest); a checkpoint without a vocabulary-map field passes that."""
   hint = "; use another --workdir or the matching preset"
   s_obj, c_obj = saved.get("objective", {}), current.get("objective", {})
   if s_obj.get("drafter") != c_obj.get("drafter"):
@@ -135,6 +138,20 @@ def check_compatible(saved: dict, current: dict, where, same_objective: bool = T
     detail = "; ".join(f"{k}: checkpoint {s.get(k)} vs run {c.get(k)}" for k in diff)
     raise CheckpointMismatchError(f"checkpoint {where} holds a drafter of different shape "
                                   f"({detail}){hint}")
+  # Same shapes, another drafter: refused for --init-from too, where the objective may change.
+  if s_obj.get("fused_layers") != c_obj.get("fused_layers"):
+    raise CheckpointMismatchError(
+        f"checkpoint {where} holds a drafter fed by target layers fused_layers="
+        f"{s_obj.get('fused_layers')}, this run has fused_layers={c_obj.get('fused_layers')}"
+        f"{hint}")
+  if "draft_vocab_map" not in s_obj:  # checkpoints from before the field: nothing to check
+    c_obj = {k: v for k, v in c_obj.items() if k != "draft_vocab_map"}
+  elif s_obj["draft_vocab_map"] != c_obj.get("draft_vocab_map"):
+    raise CheckpointMismatchError(
+        f"checkpoint {where}'s draft vocabulary map was built from another dataset (d2t sha256 "
+        f"{s_obj['draft_vocab_map'][:12]}, this run's data_dir gives "
+        f"{str(c_obj.get('draft_vocab_map'))[:12]}); its weights only fit that map: use the "
+        f"data_dir it was trained on, or another --workdir")
   if same_objective and s_obj != c_obj:
     raise CheckpointMismatchError(f"checkpoint {where} was made with objective {s_obj}, this "
                                   f"run has {c_obj}{hint}")

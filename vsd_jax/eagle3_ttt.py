@@ -17,6 +17,7 @@ Loss = sum_j decay**j * mean_p CE_j (EAGLE-3's step weights, decay 0.8).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Any, Callable
 
 import flax.nnx as nnx
@@ -154,9 +155,12 @@ def eagle3_training(cfg, target: Decoder, token_counts_Vt: np.ndarray) -> Eagle3
   def export(trainable, frozen):
     return nnx.merge(graphdef, trainable, frozen["drafter"])
 
+  # The map comes from this data_dir's token counts and is not in the saved train state, so a
+  # checkpoint must name the one its weights were trained against (t2d follows from d2t).
+  vocab_map = hashlib.sha256(np.asarray(drafter.d2t[...], "<i8").tobytes()).hexdigest()
   describe = {"drafter": "eagle3", "target": [tcfg.vocab_size, tcfg.hidden_size, tcfg.num_layers],
               "draft_vocab_size": ecfg.draft_vocab_size, "fused_layers": list(ecfg.fused_layers),
-              "ttt_steps": steps}
+              "ttt_steps": steps, "draft_vocab_map": vocab_map}
   return Eagle3Training(ecfg=ecfg, trainable=trainable, frozen=frozen, forward=forward,
                         ttt_loss=ttt_loss, ranks_fn=ranks_fn, export=export, describe=describe,
                         eval_steps=eval_steps, layers=layers,

@@ -2,8 +2,9 @@
 computed once and memory-mapped, instead of a target forward inside every train step.
 
 File: <data_dir>/features_<key>.npy, float32 [N, T, L, D] (N train examples in stored order,
-T = seq_len, L = the objective's `target_hidden_layers`); `key` hashes the target, the layers
-and T, so a cache is never read for another setting. Written to a temporary file and renamed
+T = seq_len, L = the objective's `target_hidden_layers`); `key` hashes the target, the layers,
+T and the dataset's identity (its metadata and size), so a cache is never read for another
+setting or for an older build of the dataset. Written to a temporary file and renamed
 when complete. Pays off from the second epoch on; the first costs one target forward per
 example either way. (SmolLM2-135M, EAGLE-3 layers, T=192: 1.8 MB per example.)
 """
@@ -21,11 +22,19 @@ import numpy as np
 from tqdm import tqdm
 
 from vsd_jax.data import fixed_batches
+from vsd_jax.dataset_builder import DatasetError, dataset_metadata, open_split
 from vsd_jax.objective_api import target_hidden
 
 
+def dataset_identity(data_dir) -> list:
+  """What tells one build of a dataset from another: the metadata (counts, token totals, the
+  generation run) and the number of train rows the cache is indexed by."""
+  return [dataset_metadata(data_dir), len(open_split(data_dir, "train"))]
+
+
 def cache_path(data_dir, target_source: str, layers: tuple[int, ...], seq_len: int) -> Path:
-  key = hashlib.sha256(json.dumps([target_source, list(layers), seq_len]).encode()).hexdigest()
+  what = [target_source, list(layers), seq_len, dataset_identity(data_dir)]
+  key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
   return Path(data_dir) / f"features_{key[:16]}.npy"
 
 
@@ -53,4 +62,10 @@ def load_or_build(data_dir, target, layers: tuple[int, ...], seq_len: int, batch
     out.flush()
     del out
     os.replace(tmp, path)
-  return np.load(path, mmap_mode="r")
+  features = np.load(path, mmap_mode="r")
+  rows = len(open_split(data_dir, "train"))
+  if features.shape[:2] != (rows, seq_len):  # rows past the end would fail mid-run
+    raise DatasetError(f"offline feature cache {path} holds {features.shape[0]} rows of "
+                       f"{features.shape[1]} tokens, the dataset {rows} of {seq_len}; delete it "
+                       "so it is rebuilt")
+  return features

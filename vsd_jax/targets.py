@@ -32,12 +32,19 @@ def tiny_target_config(cfg: TrainConfig) -> ModelConfig:
                      rms_norm_eps=1e-6, tie_embeddings=True, max_position_embeddings=512)
 
 
+def target_source(cfg: TrainConfig) -> str:
+  """The preset's `Target.source`, without loading the target (to check an existing dataset)."""
+  if cfg.target == "tiny":
+    m = tiny_target_config(cfg)
+    return f"tiny:{m.vocab_size}x{m.hidden_size}x{m.num_layers}"
+  return cfg.target
+
+
 def load_target(cfg: TrainConfig, dtype: str = "float32") -> Target:
   """Loads (or, for "tiny", builds deterministically) the preset's target."""
   if cfg.target == "tiny":
     mcfg = tiny_target_config(cfg).with_dtype(dtype)
-    return Target(init_decoder(mcfg, seed=TINY_TARGET_SEED), None, (),
-                  f"tiny:{mcfg.vocab_size}x{mcfg.hidden_size}x{mcfg.num_layers}")
+    return Target(init_decoder(mcfg, seed=TINY_TARGET_SEED), None, (), target_source(cfg))
   from models.load import load_decoder
   from models.tokenizer import eos_token_ids, load_tokenizer
   lm = load_decoder(cfg.target, dtype=dtype)
