@@ -282,6 +282,16 @@ def _check_args(args) -> tuple[str, ...]:
   if args.llama_cpp:
     from asd_jax.bench_llama_cpp import import_llama_cpp
     import_llama_cpp()
+  if args.batch_size > 1:
+    # Batches never mix suites: past a suite's prompt count every call pads with dummy rows
+    # that cost as much as real ones (--num-prompts 1 --batch-size 256: 10x the time).
+    per_suite = {s: len(load_prompts((s,), args.num_prompts)) for s in suites}
+    if args.batch_size > max(per_suite.values()):
+      counts = ", ".join(f"{s} {n}" for s, n in per_suite.items())
+      raise ValueError(f"--batch-size {args.batch_size} exceeds the prompts per suite this run "
+                       f"has ({counts}, --num-prompts {args.num_prompts}); every batch would "
+                       f"be filled with dummy rows: use --batch-size "
+                       f"{max(per_suite.values())} or less")
   return suites
 
 
@@ -335,7 +345,7 @@ def main(argv=None):
 
   from asd_jax import bench_report, bench_suite, compiled_programs
   from asd_jax.request_checks import check_context
-  from models.tokenizer import encode_chat, eos_token_ids, load_tokenizer
+  from models.tokenizer import check_tokenizer_fits, encode_chat, eos_token_ids, load_tokenizer
 
   load_at_start = bench_report.load_average()
   tokenizer = load_tokenizer(args.target)
@@ -345,6 +355,7 @@ def main(argv=None):
                      max_new_tokens=args.max_new_tokens, eos_ids=(), batch_size=args.batch_size,
                      repeats=args.repeats,
                      progress=lambda **kw: tqdm(file=sys.stderr, leave=False, **kw))
+  check_tokenizer_fits(tokenizer, ctx.jax_target[2].model.cfg.vocab_size, args.target)
   if not args.ignore_eos:
     ctx.eos_ids = eos_token_ids(tokenizer, ctx.jax_target[2].hf_config)
   # Past the target's context window every one of our rows would fail: say so before any row

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import numbers
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +33,7 @@ def _first_rejection(draft_BxK, logits_BxRxV, normalize_q):
   if normalize_q:
     q_B = q_B / k
   ratio_B = jnp.take_along_axis(regret_BxK, first_B[:, None], axis=-1)[:, 0] / q_B
-  return jnp.any(mismatch_BxK, axis=-1) & ~nonfinite_B, ratio_B
+  return jnp.any(mismatch_BxK, axis=-1) & ~nonfinite_B, ratio_B, nonfinite_B
 
 
 def first_rejection_ratios(draft_tokens_rounds, target_logits_rounds, *,
@@ -48,17 +49,26 @@ def first_rejection_ratios(draft_tokens_rounds, target_logits_rounds, *,
     float64[n] ratios; rows without a rejection, or with non-finite logits, contribute none.
     A rejected id with -inf logit has an infinite ratio.
   """
+  return _ratios_and_skips(draft_tokens_rounds, target_logits_rounds, normalize_q,
+                           check_values)[0]
+
+
+def _ratios_and_skips(draft_tokens_rounds, target_logits_rounds, normalize_q, check_values):
+  """(ratios, rows skipped for non-finite logits, rounds holding such rows, rows in all)."""
   drafts, logits = list(draft_tokens_rounds), list(target_logits_rounds)
   if len(drafts) != len(logits):
     raise ValueError(f"got {len(drafts)} draft rounds but {len(logits)} logits rounds")
-  found = []
+  found, skipped, skipped_rounds, rows = [], 0, 0, 0
   for i, (d, z) in enumerate(zip(drafts, logits)):
     draft, z, vocab = checks.block(d, z, f"draft_tokens_rounds[{i}]",
                                    f"target_logits_rounds[{i}]")
     checks.token_range(draft, vocab, f"draft_tokens_rounds[{i}]", check_values)
-    rejected_B, ratio_B = _first_rejection(draft, z, normalize_q=normalize_q)
+    rejected_B, ratio_B, nonfinite_B = _first_rejection(draft, z, normalize_q=normalize_q)
     found.append(np.asarray(ratio_B, np.float64)[np.asarray(rejected_B)])
-  return np.concatenate(found) if found else np.zeros((0,), np.float64)
+    bad = int(np.sum(np.asarray(nonfinite_B)))
+    skipped, skipped_rounds, rows = skipped + bad, skipped_rounds + (bad > 0), rows + len(draft)
+  ratios = np.concatenate(found) if found else np.zeros((0,), np.float64)
+  return ratios, skipped, skipped_rounds, rows
 
 
 def calibrate_asd(draft_tokens_rounds, target_logits_rounds, *, quantile: float = 0.25,
@@ -67,19 +77,32 @@ def calibrate_asd(draft_tokens_rounds, target_logits_rounds, *, quantile: float 
   """ASDConfig from calibration rounds by the q25 recipe (specs/asd.md).
 
   budget = gate = the `quantile` (linear interpolation, numpy's default) of r/q at the first
-  strict rejection over all rows and rounds; max_exceptions = 1; q normalised. Infinite
-  ratios count as the largest float32. Calibrate on prompts disjoint from the evaluation.
+  strict rejection over all rows and rounds; max_exceptions = 1; q normalised. Rows with
+  non-finite logits (NaN, +inf, or -inf throughout) are skipped. Infinite ratios (a rejected id
+  with -inf logit) count as the largest float32; if they fill the quantile, budget = gate =
+  float32 max, which admits every finite first rejection, and a RuntimeWarning says so.
+  Calibrate on prompts disjoint from the evaluation.
 
   Raises:
-    ValueError: no round has a strict rejection (nothing to calibrate on), or bad inputs.
+    ValueError: no row has a strict rejection with finite logits (nothing to calibrate on; the
+      message counts the rows skipped for non-finite logits), or bad inputs.
   """
   if isinstance(quantile, bool) or not isinstance(quantile, numbers.Real) or not (
       0 <= quantile <= 1):
     raise ValueError(f"quantile must be in [0, 1], got {quantile!r}")
-  ratios = first_rejection_ratios(draft_tokens_rounds, target_logits_rounds,
-                                  normalize_q=normalize_q, check_values=check_values)
+  ratios, skipped, skipped_rounds, rows = _ratios_and_skips(
+      draft_tokens_rounds, target_logits_rounds, normalize_q, check_values)
   if ratios.size == 0:
-    raise ValueError("no strict rejection in the calibration rounds; nothing to calibrate on")
-  ratios = np.minimum(ratios, np.finfo(np.float32).max)
+    why = (f"; {skipped} of {rows} rows (in {skipped_rounds} rounds) had non-finite target "
+           "logits (NaN or inf) and were skipped" if skipped else "")
+    raise ValueError(f"no strict rejection in the calibration rounds{why}; nothing to "
+                     "calibrate on")
+  top = np.finfo(np.float32).max
+  ratios = np.minimum(ratios, top)
   q = float(np.quantile(ratios, quantile))
+  if q >= top:  # a gate that admits anything finite is almost surely not what was meant
+    warnings.warn(f"calibrate_asd: budget = gate = float32 max: {int(np.sum(ratios >= top))} of "
+                  f"{ratios.size} first rejections picked an id with -inf target logit, so the "
+                  f"{quantile} quantile is infinite; this preset admits every finite first "
+                  "rejection", RuntimeWarning, stacklevel=2)
   return ASDConfig(budget=q, gate=q, max_exceptions=max_exceptions, normalize_q=normalize_q)

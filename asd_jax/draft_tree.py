@@ -98,6 +98,13 @@ class TreeDrafter:
   feature_layers: tuple[int, ...] = ()
   param_shapes: tuple | None = None
 
+  def __post_init__(self):
+    # Greedy trees take the top_k of the vocabulary; caught here, when the drafter is built,
+    # rather than as JAX's bare top_k error once decoding is traced.
+    if self.shape.top_k > self.vocab_size:
+      raise ValueError(f"tree top_k={self.shape.top_k} exceeds the {self.name} drafter's "
+                       f"vocabulary of {self.vocab_size} tokens")
+
 
 def _children(logits_BxMxV, key, k, sampling: SamplingConfig):
   """k children per node: the top-k (greedy rules) or k i.i.d. draws (sampling); log q."""

@@ -105,11 +105,12 @@ def main(argv=None):
 
   from models.load import load_decoder
   from models.lm_fns import decoder_fns
-  from models.tokenizer import encode_chat, eos_token_ids, load_tokenizer
+  from models.tokenizer import check_tokenizer_fits, encode_chat, eos_token_ids, load_tokenizer
 
   t0 = time.perf_counter()
   loaded = load_decoder(args.target, dtype=args.dtype, weight_blocks=args.weight_blocks)
   tokenizer = load_tokenizer(args.target)
+  check_tokenizer_fits(tokenizer, loaded.model.cfg.vocab_size, args.target)
   load_s = time.perf_counter() - t0
   if ids is None:
     ids = encode_chat(tokenizer, args.prompt)

@@ -169,11 +169,41 @@ def store_draft(tables: dict, history_BxC: jax.Array, length_B: jax.Array,
   return draft_BxK, matched_B
 
 
+def check_store_folder(folder: str | Path) -> None:
+  """Raises StoreError unless writing a store into `folder` overwrites nothing but an earlier
+  store: fine are a missing or empty folder, or one holding only store.npz and a manifest.json
+  with a store's keys. Anything else (an exported drafter's manifest beside its weights, say)
+  is someone's data."""
+  folder = Path(folder)
+  if not folder.exists() and not folder.is_symlink():
+    return
+  if not folder.is_dir():
+    raise StoreError(f"{folder} exists and is not a folder; pick a new path for the store")
+  names = sorted(p.name for p in folder.iterdir())
+  others = [n for n in names if n not in (STORE_FILE, MANIFEST_FILE) or not (folder / n).is_file()]
+  if others:
+    raise StoreError(f"{folder} holds {', '.join(others[:3])}{' ...' if len(others) > 3 else ''}, "
+                     "so it is not an n-gram store folder; refusing to write a store into it "
+                     "(pick a new or empty path)")
+  if MANIFEST_FILE in names:
+    try:
+      manifest = json.loads((folder / MANIFEST_FILE).read_text())
+    except (OSError, ValueError) as e:
+      raise StoreError(f"{folder}/{MANIFEST_FILE} is unreadable ({e}); refusing to replace it "
+                       "(pick a new or empty path)") from None
+    keys = {"min_n", "max_n", "max_continuation"}
+    if not (isinstance(manifest, dict) and keys <= manifest.keys()):
+      raise StoreError(f"{folder}/{MANIFEST_FILE} is not an n-gram store's (no min_n / max_n / "
+                       "max_continuation); refusing to replace it (pick a new or empty path)")
+
+
 def save_store(sequences: Sequence[Sequence[int]], vocab_size: int, folder: str | Path,
                manifest: dict, min_n: int = 2, max_n: int = 4) -> NgramStore:
   """Writes the store's source text (a few hundred KB; the tables are rebuilt on load, in well
-  under a second) and its manifest; returns the store."""
+  under a second) and its manifest; returns the store. StoreError (before writing) when
+  `folder` holds anything but an earlier store (check_store_folder)."""
   store = build_store(sequences, vocab_size, min_n, max_n)  # also validates the text
+  check_store_folder(folder)
   folder = Path(folder)
   folder.mkdir(parents=True, exist_ok=True)
   seqs = [np.asarray(q, np.int64) for q in sequences if len(q)]

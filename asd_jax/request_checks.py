@@ -95,6 +95,10 @@ def check_max_new_per_row(max_new_B, batch: int, max_new_tokens: int) -> np.ndar
 
 
 def check_capacity(capacity: int, needed: int, what: str) -> None:
+  """Cache positions are int32 on the device: a larger capacity would overflow there."""
+  limit = np.iinfo(np.int32).max
+  if capacity > limit:
+    raise ValueError(f"capacity={capacity} exceeds the int32 range of cache slots ({limit})")
   if needed > capacity:
     raise ValueError(f"{what} needs {needed} cache slots but the cache holds {capacity}; "
                      f"shorten the prompt, lower max_new_tokens or raise the capacity")
@@ -117,6 +121,8 @@ def check_eos_ids(eos_ids, vocab_size: int) -> tuple[int, ...]:
   than read as something else ('45' as (4, 5), 4.7 as 4)."""
   if isinstance(eos_ids, (str, bytes)) or not isinstance(eos_ids, Iterable):
     raise TypeError(f"eos_ids must be a sequence of token ids, got {eos_ids!r}")
+  if isinstance(eos_ids, jax.Array):
+    eos_ids = np.asarray(eos_ids)  # its items would be jax scalars, not Python ints
   items = eos_ids.ravel().tolist() if isinstance(eos_ids, np.ndarray) else list(eos_ids)
   bad = [e for e in items if isinstance(e, bool) or not isinstance(e, numbers.Integral)]
   if bad:

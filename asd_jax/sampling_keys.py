@@ -35,6 +35,9 @@ def categorical_rows(rng, logits_BxMxV: jax.Array, num: int | None = None) -> ja
   shape = None if num is None else (num,) + logits_BxMxV.shape[:-1]
   if not is_row_keys(rng):
     return jax.random.categorical(rng, logits_BxMxV, axis=-1, shape=shape).astype(jnp.int32)
+  if logits_BxMxV.ndim < 2 or rng.shape[0] != logits_BxMxV.shape[0]:
+    raise ValueError(f"a key per row needs one key for each of the logits' rows: got "
+                     f"{rng.shape[0]} keys for logits of shape {tuple(logits_BxMxV.shape)}")
   row = lambda key, z: jax.random.categorical(
       key, z, axis=-1, shape=None if num is None else (num,) + z.shape[:-1])
   return jax.vmap(row, out_axes=0 if num is None else 1)(rng, logits_BxMxV).astype(jnp.int32)

@@ -131,7 +131,10 @@ def apply_sampling_filters(logits, temperature: float = 1.0, top_k: int = 0,
   The settings are static Python numbers (they change the program); usable inside jit.
   """
   temperature, top_k, top_p = check_filters(temperature, top_k, top_p)
-  return _filtered_probs(jnp.asarray(logits), temperature, top_k, top_p)
+  logits = jnp.asarray(logits)
+  if logits.ndim < 1 or logits.shape[-1] == 0:
+    raise ValueError(f"logits must be [..., V] with V >= 1, got shape {tuple(logits.shape)}")
+  return _filtered_probs(logits, temperature, top_k, top_p)
 
 
 def _noise(key, batch: int, slots: int, vocab: int):

@@ -87,8 +87,12 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
                  capacity: int, eos_ids: tuple[int, ...],
                  stream: TokenStream | None) -> SpecDecodeResult:
   b = prompt_BxT.shape[0]
-  depth = drafter.shape.depth
-  window = drafter.shape.window
+  # A path of N nodes is at most N deep (the verifiers refuse a larger max_depth): a greedy tree
+  # keeps num_nodes, which --tree 4,4,2 makes fewer than its depth; a sampled one keeps the
+  # whole pool, never shallower than the tree.
+  shape = drafter.shape
+  depth = min(shape.depth, shape.num_nodes) if sampling.greedy else shape.depth
+  window = shape.window
   target_cache = target.init_cache(b, capacity)
   first_logits_BxV, hidden, target_cache = target.prefill(target_params, prompt_BxT, lengths_B,
                                                           target_cache)

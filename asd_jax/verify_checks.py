@@ -137,12 +137,19 @@ def config(cfg, cls) -> None:
 
 
 def max_depth(depth, num_nodes: int) -> int:
-  """Resolves the static path length D (None means N)."""
+  """Resolves the static path length D (None means N); 1 <= D <= N.
+
+  A path through N nodes has at most N of them, and D sizes the verify program's buffers and
+  loop, so a larger D only costs time and memory.
+  """
   if depth is None:
     return num_nodes
-  if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+  if isinstance(depth, bool) or not isinstance(depth, numbers.Integral) or depth < 1:
     raise ValueError(f"max_depth must be an int >= 1, got {depth!r}")
-  return depth
+  if depth > num_nodes:
+    raise ValueError(f"max_depth={depth} exceeds the tree's N={num_nodes} nodes; a path "
+                     f"cannot be longer than the tree (use None for N)")
+  return int(depth)
 
 
 def tree(tree_tokens, parents, target_logits, depth, check_values: bool = True):

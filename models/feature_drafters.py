@@ -20,8 +20,6 @@ refused for Medusa.
 
 from __future__ import annotations
 
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -88,16 +86,29 @@ def medusa_choices(shape: TreeShape, num_heads: int) -> list[tuple[int, ...]]:
   """A static tree of `shape.num_nodes` paths: ranks < top_k, depth <= min(depth, heads),
   most promising first (smallest rank sum, then shallower), closed under prefixes."""
   depth = min(shape.depth, num_heads)
-  paths = [p for d in range(1, depth + 1)
-           for p in itertools.product(range(shape.top_k), repeat=d)]
-  paths.sort(key=lambda p: (sum(p), len(p), p))
+  # A prefix sorts before its extensions (rank sum no larger, shorter), so the first N paths in
+  # that order are prefix-closed. Enumerate by rank sum and stop at N: listing all top_k^depth
+  # paths would take minutes and gigabytes for wide shapes such as (4, 70, 16).
   chosen: list[tuple[int, ...]] = []
-  for p in paths:
+  for total in range(depth * (shape.top_k - 1) + 1):
+    level = sorted(p for d in range(1, depth + 1) for p in _paths_with_sum(total, d, shape.top_k))
+    level.sort(key=len)  # stable: (sum, len, p) order
+    chosen += level[:shape.num_nodes - len(chosen)]
     if len(chosen) == shape.num_nodes:
       break
-    if len(p) == 1 or p[:-1] in chosen:
-      chosen.append(p)
   return sorted(chosen, key=lambda p: (len(p), p))  # parents before children
+
+
+def _paths_with_sum(total: int, length: int, top_k: int):
+  """Every rank tuple of `length` entries in [0, top_k) that sums to `total`."""
+  if length == 0:
+    if total == 0:
+      yield ()
+    return
+  for first in range(min(total, top_k - 1) + 1):
+    if total - first <= (length - 1) * (top_k - 1):
+      for rest in _paths_with_sum(total - first, length - 1, top_k):
+        yield (first, *rest)
 
 
 def medusa_tree_drafter(heads: MedusaHeads, target: Decoder, shape: TreeShape,

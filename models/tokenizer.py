@@ -51,6 +51,17 @@ def load_tokenizer(name_or_path: str | os.PathLike, cache: bool = True):
   return tokenizer
 
 
+def check_tokenizer_fits(tokenizer, vocab_size: int, name_or_path: str | os.PathLike) -> None:
+  """Raises CheckpointError when the tokenizer has ids past the model's vocabulary: its files
+  belong to other weights. A vocab_size above the tokenizer's is normal (padded embeddings)."""
+  tokens = len(tokenizer)  # added tokens included: they are ids the tokenizer can emit
+  if tokens > vocab_size:
+    where = resolve_checkpoint(name_or_path).path
+    raise CheckpointError(f"{where}: the tokenizer has {tokens} tokens but the model's "
+                          f"vocab_size is {vocab_size}; the tokenizer files belong to another "
+                          "model")
+
+
 def encode_chat(tokenizer, prompt: str) -> list[int]:
   """Token ids of a one-turn user chat, ending with the assistant prompt (no BOS added twice).
 

@@ -21,6 +21,7 @@ from asd_jax import (ASDConfig, SamplingConfig, TokenStream, apply_sampling_filt
 from asd_jax.draft_tree import TreeShape, lm_tree_drafter
 from asd_jax.drafter_api import lm_chain_drafter
 from asd_jax.plain_decode import plain_decode
+from asd_jax.sampling_keys import categorical_rows
 from asd_jax.tree_decode import asd_tree_decode
 from models.errors import CheckpointError, UnknownModelError
 from tests.fake_lm import fake_lm
@@ -185,6 +186,15 @@ API = [
      ValueError, "temperature"),
     ("filters: top_p 0", lambda: apply_sampling_filters(LOGITS, top_p=0.0), ValueError, "top_p"),
     ("filters: top_p>1", lambda: apply_sampling_filters(LOGITS, top_p=2.0), ValueError, "top_p"),
+    ("filters: V=0", lambda: apply_sampling_filters(np.zeros((1, 0), np.float32)), ValueError,
+     "logits must be [..., V] with V >= 1, got shape (1, 0)"),
+    ("filters: a scalar", lambda: apply_sampling_filters(np.float32(1.0)), ValueError,
+     "logits must be [..., V] with V >= 1, got shape ()"),
+    ("per-row keys: wrong count", lambda: categorical_rows(
+        jax.random.split(jax.random.key(0), 3), np.zeros((2, V), np.float32)), ValueError,
+     f"got 3 keys for logits of shape (2, {V})"),
+    ("decode: capacity past int32", decode(capacity=2 ** 31), ValueError,
+     "capacity=2147483648 exceeds the int32 range"),
     ("spec sample: top_p nan", lambda: speculative_sample(
         DRAFT, LOGITS[:, :2], LOGITS, jax.random.key(0), top_p=math.nan), ValueError, "top_p"),
     # a float32 0 (flushed) or inf temperature made every token NaN-scored or equally likely
@@ -222,6 +232,16 @@ API = [
      "tree_forward"),
     ("tree drafter: model without tree_forward", lambda: lm_tree_drafter(T, TreeShape(2, 2, 3)),
      ValueError, "tree_forward"),
+    # these failed late (JAX's bare top_k error) or ran for minutes and gigabytes
+    ("tree drafter: top_k above the vocabulary", lambda: lm_tree_drafter(
+        _decoder(0, 16)[0], TreeShape(2, V + 1, 3)), ValueError,
+     f"tree top_k={V + 1} exceeds the decoder drafter's vocabulary of {V} tokens"),
+    ("tree verify: max_depth > N", lambda: tree_greedy_verify(
+        np.zeros((1, 3), np.int32), np.array([[-1, 0, 0]]), np.zeros((1, 4, V), np.float32),
+        max_depth=2 * 10 ** 8), ValueError, "max_depth=200000000 exceeds the tree's N=3 nodes"),
+    ("tree asd verify: max_depth > N", lambda: tree_asd_verify(
+        np.zeros((1, 3), np.int32), np.array([[-1, 0, 0]]), np.zeros((1, 4, V), np.float32),
+        SPENT, PAPER, max_depth=4), ValueError, "max_depth=4 exceeds"),
     # --- unknown names --------------------------------------------------------------------------
     ("decode: unknown rule", decode(rule="greedyish"), ValueError, "unknown rule"),
     ("decode: not a drafter", decode(drafter=object()), TypeError, "ChainDrafter"),
@@ -467,6 +487,9 @@ BENCH = [
     # plain rows only: these were dropped without a word
     (["--mode", "ar", "--tree", "2,2,3", "--quality"], "--tree, --quality only apply to"),
     (["--draft", "ngram"], "--draft only applies to --mode spec or suite"),
+    # padded every call with 255 dummy rows: 130 s instead of 12 s
+    (["--mode", "ar", "--suite", "mt_bench", "--num-prompts", "1", "--batch-size", "256"],
+     "--batch-size 256 exceeds the prompts per suite this run has (mt_bench 1, --num-prompts 1)"),
 ]
 
 

@@ -67,3 +67,22 @@ def test_calibrated_gate_admits_about_a_quarter_of_first_rejections():
     out = asd_verify(draft, z, np.zeros(len(draft)), cfg)
     passed.append(np.asarray(out.num_exceptions) == 1)
   assert np.mean(np.concatenate(passed)) <= 0.3
+
+
+def test_all_nonfinite_rounds_are_named_in_the_error():
+  draft, z = round_with_first_rejections([0.5, 1.0], [0, 1])
+  z[:, 2, 3] = np.nan
+  with pytest.raises(ValueError, match=r"2 of 2 rows \(in 1 rounds\) had non-finite"):
+    calibrate_asd([draft], [z])
+  draft, z = round_with_first_rejections([None, None], [0, 0])
+  with pytest.raises(ValueError, match="no strict rejection") as e:
+    calibrate_asd([draft], [z])
+  assert "non-finite" not in str(e.value)  # nothing was skipped: do not blame NaN
+
+
+def test_infinite_quantile_warns():
+  draft, z = round_with_first_rejections([0.5, 1.0, 1.0, 1.0, 1.0], [0, 0, 1, 2, 3])
+  z[1:, :, 1] = -np.inf  # four of five rejected ids have -inf logit: q25 is infinite
+  with pytest.warns(RuntimeWarning, match="float32 max"):
+    cfg = calibrate_asd([draft], [z])
+  assert cfg.budget == float(np.finfo(np.float32).max)

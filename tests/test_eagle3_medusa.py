@@ -279,3 +279,24 @@ def test_drafter_for_another_target_is_refused(target, drafter, tmp_path):
     load_drafter(e, deeper)
   with pytest.raises(CheckpointError, match="not EAGLE-3"):
     import_eagle3(m, target)
+
+
+def test_medusa_choices_enumerate_only_what_the_tree_keeps():
+  import itertools
+  import time
+  from asd_jax.draft_tree import TreeShape
+  from models.feature_drafters import medusa_choices
+
+  def every_path(shape, heads):  # the definition: the first N of all paths in rank-sum order
+    depth = min(shape.depth, heads)
+    paths = sorted((p for d in range(1, depth + 1)
+                    for p in itertools.product(range(shape.top_k), repeat=d)),
+                   key=lambda p: (sum(p), len(p), p))
+    return sorted(paths[:shape.num_nodes], key=lambda p: (len(p), p))
+
+  for shape in (TreeShape(3, 3, 10), TreeShape(4, 2, 9), TreeShape(2, 4, 20), TreeShape(3, 1, 2)):
+    for heads in (1, 2, 4):
+      assert medusa_choices(shape, heads) == every_path(shape, heads)
+  start = time.perf_counter()  # listing all 120**4 paths took minutes and gigabytes
+  choices = medusa_choices(TreeShape(4, 120, 16), num_heads=4)
+  assert len(choices) == 16 and time.perf_counter() - start < 1.0

@@ -62,3 +62,23 @@ def test_dash_values_attach_only_to_the_named_flag():
   assert attach_dash_values(["--prompt-ids", "--json"], flags) == ["--prompt-ids", "--json"]
   assert attach_dash_values(["--seed", "-1"], flags) == ["--seed", "-1"]
   assert attach_dash_values(["--prompt-ids"], flags) == ["--prompt-ids"]
+
+
+def test_a_tokenizer_past_the_vocabulary_is_refused(tiny_target, tmp_path, capsys):  # noqa: F811
+  import shutil
+
+  from transformers import AutoTokenizer
+
+  folder = tmp_path / "other_tokenizer"
+  shutil.copytree(tiny_target, folder)
+  tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+  # 106 ids for a 96-row embedding: another model's tokenizer beside these weights
+  tokenizer.add_tokens([f"extra{i}" for i in range(106 - len(tokenizer))])
+  tokenizer.save_pretrained(folder)
+  for prompt in (["--prompt-ids", "1,2,3"], ["--prompt", "the"]):
+    with pytest.raises(SystemExit) as e:
+      main(["--target", str(folder), *prompt, "--max-new-tokens", "2"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    assert str(folder) in err and "106 tokens" in err and "vocab_size is 96" in err, err

@@ -534,3 +534,17 @@ def test_smollm2_tokenizer_matches_transformers_and_survives_cache(smollm2, monk
   folder = registry.cache_entry_dir(resolve_checkpoint("smollm2-135m")) / "tokenizer"
   as_folder = load_tokenizer(folder)  # the cached tokenizer is an ordinary HF folder
   assert encode_chat(as_folder, prompts[0]) == encode_chat(direct, prompts[0])
+
+
+@needs_smollm2
+def test_a_tokenizer_fits_its_model_and_a_larger_one_is_refused(smollm2, monkeypatch):
+  from models.tokenizer import check_tokenizer_fits
+
+  monkeypatch.setenv(registry.CACHE_ENV, str(smollm2.cache))
+  tokenizer = load_tokenizer("smollm2-135m")
+  vocab = smollm2.config["vocab_size"]
+  assert len(tokenizer) == vocab == 49152
+  check_tokenizer_fits(tokenizer, vocab, "smollm2-135m")
+  check_tokenizer_fits(tokenizer, vocab + 64, "smollm2-135m")  # padded embeddings are normal
+  with pytest.raises(CheckpointError, match="49152 tokens but the model's vocab_size is 97"):
+    check_tokenizer_fits(tokenizer, 97, "smollm2-135m")

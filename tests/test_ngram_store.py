@@ -217,3 +217,19 @@ def test_lossless_sampling_with_store_widths():
   tv = sampling_check._tv
   assert tv(got.sum(axis=2), exact.sum(axis=2)) <= sampling_check.TV_LIMIT
   assert tv(got.sum(axis=0), exact.sum(axis=0)) <= sampling_check.TV_LIMIT
+
+
+def test_save_store_replaces_only_an_earlier_store(tmp_path):
+  save_store([[1, 2, 3]], 4, tmp_path / "s", {"target": "toy"})
+  save_store([[3, 2, 1]], 4, tmp_path / "s", {"target": "toy"})  # an earlier store: fine
+  assert load_store(tmp_path / "s", 4).source_tokens == 3
+  drafter = tmp_path / "d"
+  drafter.mkdir()
+  (drafter / "manifest.json").write_text('{"steps": 10}')  # a drafter's training provenance
+  with pytest.raises(StoreError, match="not an n-gram store's"):
+    save_store([[1, 2, 3]], 4, drafter, {"target": "toy"})
+  (drafter / "config.json").write_text("{}")
+  with pytest.raises(StoreError, match="holds config.json"):
+    save_store([[1, 2, 3]], 4, drafter, {"target": "toy"})
+  assert sorted(p.name for p in drafter.iterdir()) == ["config.json", "manifest.json"]
+  assert (drafter / "manifest.json").read_text() == '{"steps": 10}'

@@ -31,7 +31,12 @@ def paths(tmp_path):
   for name, text in files.items():
     (tmp_path / name).write_text(text)
   (tmp_path / "a_folder").mkdir()
-  return {name: str(tmp_path / name) for name in [*files, "a_folder"]}
+  drafter = tmp_path / "a_drafter"  # an exported drafter: its manifest is training provenance
+  drafter.mkdir()
+  for name, text in {"config.json": "{}", "model.safetensors": "",
+                     "manifest.json": '{"steps": 10}'}.items():
+    (drafter / name).write_text(text)
+  return {name: str(tmp_path / name) for name in [*files, "a_folder", "a_drafter"]}
 
 
 def run(main, argv, paths, capsys):
@@ -56,6 +61,7 @@ BUILD = [
     (["--out", "{a_file}"], "is a file, not a folder"),
     (["--out", "{a_file}/store"], "is a file, not a folder"),
     (["--out", ""], "--out is empty"),
+    (["--out", "{a_drafter}"], "holds config.json, model.safetensors, so it is not an n-gram"),
 ]
 
 

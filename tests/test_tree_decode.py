@@ -58,7 +58,8 @@ def test_move_slots_compacts_and_drops_out_of_range():
 
 
 SHAPES = [(1, TreeShape(2, 2, 3)), (4, TreeShape(3, 2, 6)), (3, TreeShape(4, 3, 12)),
-          (2, TreeShape(1, 1, 1))]
+          (2, TreeShape(1, 1, 1)),
+          (2, TreeShape(4, 2, 2))]  # fewer nodes than the depth: paths are at most 2 deep
 
 
 @pytest.mark.parametrize("batch,shape", SHAPES)

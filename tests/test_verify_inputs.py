@@ -130,3 +130,15 @@ def test_value_checks_are_skipped_inside_jit_and_on_request():
   # Shape errors are static, so they are raised under jit too.
   with pytest.raises(ValueError, match="K=0"):
     jax.jit(lambda d: greedy_verify(d, jnp.zeros((B, 1, V))))(jnp.zeros((B, 0), jnp.int32))
+
+
+@pytest.mark.parametrize("rule", TREE_RULES)
+def test_tree_rules_take_numpy_integer_max_depth(rule):
+  # noise_slots took np.int64 while max_depth refused it
+  out = TREE_RULES[rule](TOKENS, PARENTS, TREE_LOGITS, max_depth=np.int64(3))
+  assert np.asarray(out.path).shape == (B, 3)
+
+
+def test_eos_ids_as_a_jax_array_read_like_numpy():
+  from asd_jax.request_checks import check_eos_ids
+  assert check_eos_ids(jnp.array([5, 2]), 8) == check_eos_ids(np.array([5, 2]), 8) == (5, 2)
