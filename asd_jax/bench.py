@@ -272,7 +272,9 @@ def _check_args(args) -> tuple[str, ...]:
       raise ValueError(f"{flag} must be positive, got {value}")
   if args.mode in ("spec", "suite"):
     shapes = row_shapes(args)   # a malformed --draft or --tree fails before the model loads
+    from models.drafter_setup import check_drafter_request
     for draft, _ in drafts(args):
+      check_drafter_request(draft, None, None)  # e.g. an n-gram size past the cap
       drafter_shapes(draft, shapes)
     if args.calibrate_prompts and args.calibration_source == "suite-tail":
       from asd_jax.bench_calibration import calibration_prompts  # refuses an overlap
