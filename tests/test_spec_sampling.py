@@ -102,6 +102,18 @@ def test_filters_reject_bad_settings(kwargs):
     apply_sampling_filters(np.zeros(4), **kwargs)
 
 
+def test_a_tiny_temperature_is_the_argmax_limit():
+  # z / T overflowed to inf for T = 1e-37 (softmax: NaN); shifting by the max first keeps the
+  # top logit at 0 and sends the rest to -inf.
+  logits = np.array([[1.0, 30.0, -5.0, 29.9], [100.0, -100.0, 50.0, 99.0]], np.float32)
+  for t in (1e-30, 1e-37):
+    probs = np.asarray(apply_sampling_filters(logits, temperature=t))
+    np.testing.assert_array_equal(probs, np.eye(4, dtype=np.float32)[[1, 0]])
+  # a tie keeps its mass split, as it does at every temperature
+  np.testing.assert_allclose(
+      apply_sampling_filters(np.array([[3.0, 3.0, 1.0]]), temperature=1e-30), [[0.5, 0.5, 0.0]])
+
+
 # --- exactness -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("seed", range(4))
