@@ -65,10 +65,11 @@ def main(argv=None) -> int:
   from asd_jax.bench_prompts import load_prompts
   from models.drafter_setup import setup_drafter
   from models.load import load_decoder
-  from models.tokenizer import encode_chat, eos_token_ids, load_tokenizer
+  from models.tokenizer import check_tokenizer_fits, encode_chat, eos_token_ids, load_tokenizer
 
   loaded = load_decoder(args.target)
   tok = load_tokenizer(args.target)
+  check_tokenizer_fits(tok, loaded.cfg.vocab_size, args.target)
   eos = eos_token_ids(tok, loaded.hf_config)
   prompts = load_prompts(suites, args.num_prompts)
   results = {"config": vars(args), "drafters": {}}

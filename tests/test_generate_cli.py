@@ -82,3 +82,11 @@ def test_a_tokenizer_past_the_vocabulary_is_refused(tiny_target, tmp_path, capsy
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err, err
     assert str(folder) in err and "106 tokens" in err and "vocab_size is 96" in err, err
+  # training's target loader (build_dataset, train) refuses it too
+  import dataclasses
+
+  from configs.train_presets import get_preset
+  from models.errors import CheckpointError
+  from vsd_jax.targets import load_target
+  with pytest.raises(CheckpointError, match="106 tokens but the model's vocab_size is 96"):
+    load_target(dataclasses.replace(get_preset("tiny"), target=str(folder)))

@@ -46,7 +46,8 @@ def load_target(cfg: TrainConfig, dtype: str = "float32") -> Target:
     mcfg = tiny_target_config(cfg).with_dtype(dtype)
     return Target(init_decoder(mcfg, seed=TINY_TARGET_SEED), None, (), target_source(cfg))
   from models.load import load_decoder
-  from models.tokenizer import eos_token_ids, load_tokenizer
+  from models.tokenizer import check_tokenizer_fits, eos_token_ids, load_tokenizer
   lm = load_decoder(cfg.target, dtype=dtype)
   tok = load_tokenizer(cfg.target)
+  check_tokenizer_fits(tok, lm.cfg.vocab_size, cfg.target)  # prompts would hold foreign ids
   return Target(lm.model, tok, eos_token_ids(tok, lm.hf_config), cfg.target, lm.source)
