@@ -195,6 +195,16 @@ API = [
      f"got 3 keys for logits of shape (2, {V})"),
     ("decode: capacity past int32", decode(capacity=2 ** 31), ValueError,
      "capacity=2147483648 exceeds the int32 range"),
+    # far above the context window: it tried to allocate the whole cache (277 GB for SmolLM2)
+    ("decode: capacity past the context window", decode(
+        target=dataclasses.replace(T, max_positions=64), capacity=2 ** 28), ValueError,
+     "capacity=268435456 is more than any request to 'fake' can use (128 slots"),
+    ("plain decode: capacity past the context window", lambda: plain_decode(
+        dataclasses.replace(T, max_positions=64), None, P, N, max_new_tokens=4,
+        capacity=2 ** 28), ValueError, "capacity=268435456 is more than any request"),
+    ("tree decode: capacity past the context window", tree_decode(
+        max_positions=64, capacity=2 ** 28), ValueError,
+     "capacity=268435456 is more than any request"),
     ("spec sample: top_p nan", lambda: speculative_sample(
         DRAFT, LOGITS[:, :2], LOGITS, jax.random.key(0), top_p=math.nan), ValueError, "top_p"),
     # a float32 0 (flushed) or inf temperature made every token NaN-scored or equally likely
