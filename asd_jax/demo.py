@@ -44,11 +44,12 @@ def main() -> None:
   from models.drafter_setup import setup_drafter
   from models.lm_fns import decoder_fns
   from models.load import DEFAULT_TARGET, load_decoder
-  from models.tokenizer import encode_chat, eos_token_ids, load_tokenizer
+  from models.tokenizer import check_tokenizer_fits, encode_chat, eos_token_ids, load_tokenizer
 
   t0 = time.perf_counter()
   target = load_decoder(DEFAULT_TARGET)
   tokenizer = load_tokenizer(DEFAULT_TARGET)
+  check_tokenizer_fits(tokenizer, target.cfg.vocab_size, DEFAULT_TARGET)
   print(f"loaded {DEFAULT_TARGET} ({target.cfg.num_layers} layers, vocab "
         f"{target.cfg.vocab_size}) in {time.perf_counter() - t0:.1f} s on {jax.default_backend()}")
   eos = eos_token_ids(tokenizer, target.hf_config)

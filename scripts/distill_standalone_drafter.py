@@ -44,7 +44,7 @@ from models.kv_cache import KVCache
 from models.llama import Decoder, num_parameters
 from models.lm_fns import decoder_fns
 from models.load import load_decoder
-from models.tokenizer import encode_chat, eos_token_ids, load_tokenizer
+from models.tokenizer import check_tokenizer_fits, encode_chat, eos_token_ids, load_tokenizer
 from scripts.training_prompts import build_training_prompts
 from vsd_jax.build_dataset import generate
 from vsd_jax.targets import Target
@@ -373,6 +373,7 @@ def main(argv=None):
   init_layers = tuple(int(x) for x in args.init_layers.split(","))
   lm = load_decoder(args.target)
   tokenizer = load_tokenizer(args.target)
+  check_tokenizer_fits(tokenizer, lm.cfg.vocab_size, args.target)
   log(f"loaded {args.target}: {lm.cfg.num_layers} layers, vocab {lm.cfg.vocab_size}")
 
   # Held-out prompts come from another seed (minus exact repeats of training prompts), so the

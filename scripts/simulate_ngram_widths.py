@@ -141,8 +141,9 @@ def load_target(target):
   """(fns, params, EOS ids, tokenizer), loaded once per process for every step here."""
   from models.load import load_decoder
   from models.lm_fns import decoder_fns
-  from models.tokenizer import eos_token_ids, load_tokenizer
+  from models.tokenizer import check_tokenizer_fits, eos_token_ids, load_tokenizer
   tokenizer, loaded = load_tokenizer(target), load_decoder(target)
+  check_tokenizer_fits(tokenizer, loaded.cfg.vocab_size, target)  # prompts would hold foreign ids
   fns, params = decoder_fns(loaded.model)
   return fns, params, eos_token_ids(tokenizer, loaded.hf_config), tokenizer
 

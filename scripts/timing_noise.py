@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from asd_jax.bench_prompts import load_prompts  # noqa: E402
 from asd_jax.bench_protocol import DRIFT_TOL, chance_drift, timed_pass  # noqa: E402
 from asd_jax.bench_rows import BenchContext, make_batches, ours_plain_greedy  # noqa: E402
-from models.tokenizer import encode_chat, load_tokenizer  # noqa: E402
+from models.tokenizer import check_tokenizer_fits, encode_chat, load_tokenizer  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -52,6 +52,7 @@ def main(argv=None) -> int:
   ctx = BenchContext(target=args.target, tokenizer=tokenizer,
                      batches=make_batches([(prompt.suite, ids)] * args.calls, 1),
                      max_new_tokens=args.max_new_tokens, eos_ids=(), batch_size=1, repeats=1)
+  check_tokenizer_fits(tokenizer, ctx.jax_target[2].cfg.vocab_size, args.target)
   row = ours_plain_greedy(ctx)
   row.warmup(ctx.batches)
   seconds = timed_pass(ctx, row)["batch_wall_s"]
