@@ -177,7 +177,8 @@ def tiny_target(tmp_path_factory):
   folder = tmp_path_factory.mktemp("tiny_target")
   special = ["<unk>", "<|im_start|>", "<|im_end|>"]
   vocab = {w: i for i, w in enumerate(special + WORDS)}
-  vocab.update({f"w{i}": len(vocab) for i in range(96 - len(vocab))})
+  for i in range(len(vocab), 96):  # filler words, so the tokenizer covers all 96 model ids
+    vocab[f"w{i}"] = i
   tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
   tok.pre_tokenizer = pre_tokenizers.Whitespace()
   tokenizer = transformers.PreTrainedTokenizerFast(
