@@ -16,6 +16,7 @@ Modes (rows):
 
 Examples:
   python -m asd_jax.bench --mode ar --json out/bench_ar.json
+  python -m asd_jax.bench --pair smollm2-135m --suite mt_bench,humaneval --json out/pair.json
   python -m asd_jax.bench --suite humaneval --num-prompts 4 --max-new-tokens 64 --skip-transformers
   python -m asd_jax.bench --mode spec --draft smollm2-135m-standalone --k 4 --tree 4,4,16
   python -m asd_jax.bench --mode suite --k 2 --asd-budgets 0,1,2,4,8 --json out/suite.json
@@ -28,6 +29,7 @@ import os
 import sys
 
 from asd_jax.asd_config import PAPER
+from configs.model_pairs import apply_pair
 from asd_jax.bench_prompts import SUITES, load_prompts, parse_suites
 from asd_jax.bench_protocol import SCHEDULES
 from asd_jax.bench_rows import (BenchContext, PreparedRow, RowRunner, make_batches,
@@ -66,8 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--target", default="smollm2-135m",
                  help="HF folder, GGUF file, or a known name (default: smollm2-135m)")
-  p.add_argument("--mode", choices=sorted(MODE_ROWS), default="ar",
-                 help="which rows to run (default: ar)")
+  p.add_argument("--pair", help="a named model pair (configs/model_pairs.py, e.g. smollm2-135m): "
+                 "sets --target and --draft, and --mode spec unless --mode is given")
+  p.add_argument("--mode", choices=sorted(MODE_ROWS),
+                 help="which rows to run (default: ar; spec with --pair)")
   p.add_argument("--suite", default=",".join(SUITES),
                  help=f"comma-separated prompt suites from {', '.join(SUITES)} (default: both)")
   p.add_argument("--num-prompts", type=int, default=8,
@@ -259,7 +263,19 @@ def _refuse_spec_flags_in_ar(args) -> None:
                      "--mode spec or suite; --mode ar runs plain decoding rows only")
 
 
+def _apply_pair(args) -> None:
+  """--pair sets the target and drafter; the mode defaults to spec then, since a pair without
+  its drafter's rows is just --target."""
+  if args.pair is not None and args.mode == "ar":
+    raise ValueError(f"--pair {args.pair} names a drafter, but --mode ar runs plain decoding "
+                     "rows only; use --mode spec or suite, or --target for plain decoding")
+  apply_pair(args, build_parser())
+  if args.mode is None:
+    args.mode = "ar" if args.pair is None else "spec"
+
+
 def _check_args(args) -> tuple[str, ...]:
+  _apply_pair(args)
   suites = parse_suites(args.suite)
   _refuse_spec_flags_in_ar(args)
   resolve_suite_flags(args)
@@ -317,7 +333,7 @@ def _quality_rows(args, rows: tuple[str, ...]) -> list[str]:
 
 
 def config_dict(args, suites: tuple[str, ...], rows: tuple[str, ...]) -> dict:
-  return {"target": args.target, "mode": args.mode, "suites": list(suites),
+  return {"pair": args.pair, "target": args.target, "mode": args.mode, "suites": list(suites),
           "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens,
           "ignore_eos": args.ignore_eos, "batch_size": args.batch_size,
           "repeats": args.repeats, "skip_transformers": args.skip_transformers,

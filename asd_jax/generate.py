@@ -2,6 +2,7 @@
 
 Examples:
   python -m asd_jax.generate --prompt "What is the capital of France?"
+  python -m asd_jax.generate --pair smollm2-135m --prompt "..."   # target + its drafter, strict
   python -m asd_jax.generate --target path/to/hf_folder --prompt-ids 1,2,3 --json
   python -m asd_jax.generate --prompt "..." --draft smollm2-135m-standalone --rule asd --k 4
   python -m asd_jax.generate --prompt "..." --draft self --rule strict      # self-draft check
@@ -30,6 +31,7 @@ from asd_jax.sampling import SamplingConfig
 from asd_jax.sampling_keys import row_keys
 from asd_jax.draft_tree import TreeShape
 from asd_jax.spec_decode import RULES
+from configs.model_pairs import apply_pair
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--target", default="smollm2-135m",
                  help="HF folder, GGUF file, or a known name (default: smollm2-135m)")
+  p.add_argument("--pair", help="a named model pair (configs/model_pairs.py, e.g. smollm2-135m): "
+                 "sets --target and --draft")
   src = p.add_mutually_exclusive_group(required=True)
   src.add_argument("--prompt", help="user message; the chat template is applied")
   src.add_argument("--prompt-ids", help="raw comma-separated token ids, no template")
@@ -78,7 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
 @run_cli
 def main(argv=None):
   argv = sys.argv[1:] if argv is None else list(argv)
-  args = build_parser().parse_args(attach_dash_values(argv, ("--prompt-ids",)))
+  parser = build_parser()
+  args = parser.parse_args(attach_dash_values(argv, ("--prompt-ids",)))
+  apply_pair(args, parser)
   sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
   if args.max_new_tokens <= 0:
     raise ValueError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")

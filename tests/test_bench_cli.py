@@ -38,6 +38,9 @@ def _private_cache(tmp_path, monkeypatch):
     (["--max-new-tokens", "-3"], "--max-new-tokens must be positive"),
     (["--batch-size", "0"], "--batch-size must be positive"),
     (["--repeats", "0"], "--repeats must be positive"),
+    (["--pair", "gpt2"], "unknown model pair 'gpt2'"),
+    (["--pair", "smollm2-135m", "--mode", "ar"], "but --mode ar runs plain decoding rows only"),
+    (["--pair", "smollm2-135m", "--draft", "ngram"], "but --draft ngram was also given"),
 ])
 def test_bad_flags_are_one_line_errors(argv, message, capsys):
   with pytest.raises(SystemExit) as e:
@@ -45,6 +48,18 @@ def test_bad_flags_are_one_line_errors(argv, message, capsys):
   assert e.value.code == 2
   err = capsys.readouterr().err
   assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_a_pair_sets_target_drafter_and_spec_mode():
+  def resolved(argv):
+    args = bench.build_parser().parse_args(argv)
+    bench._apply_pair(args)
+    return args.target, args.draft, args.mode
+  pair = ("smollm2-135m", "smollm2-135m-standalone")
+  assert resolved(["--pair", "smollm2-135m"]) == (*pair, "spec")
+  assert resolved(["--pair", "smollm2-135m", "--mode", "suite"]) == (*pair, "suite")
+  assert resolved([]) == (*pair, "ar")  # without a pair: plain rows, as before
+  assert resolved(["--target", "x.gguf"])[::2] == ("x.gguf", "ar")
 
 
 def test_unknown_mode_and_conflicting_eos_flags_are_usage_errors():

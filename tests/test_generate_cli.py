@@ -23,6 +23,11 @@ from tests.test_bench_cli import tiny_target  # noqa: F401  (module fixture)
     (["--prompt", "hi", "--temperature", "-1"], "temperature"),
     (["--prompt", "hi", "--top-p", "0"], "top_p"),
     (["--prompt", "hi", "--stream", "--json"], "cannot be combined with --json"),
+    (["--pair", "gpt2", "--prompt", "hi"], "unknown model pair 'gpt2'; known pairs: smollm2-135m"),
+    (["--pair", "smollm2-135m", "--draft", "ngram", "--prompt", "hi"],
+     "--pair smollm2-135m sets --draft smollm2-135m-standalone, but --draft ngram was also given"),
+    (["--pair", "smollm2-135m", "--target", "x.gguf", "--prompt", "hi"],
+     "--pair smollm2-135m sets --target smollm2-135m, but --target x.gguf was also given"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
   with pytest.raises(SystemExit) as e:
@@ -30,6 +35,25 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
   assert e.value.code == 2
   err = capsys.readouterr().err.strip()
   assert err.startswith("error: ") and message in err and "\n" not in err
+
+
+def test_a_pair_sets_the_target_and_its_drafter():
+  from asd_jax.generate import build_parser
+  from configs.model_pairs import PAIRS, apply_pair
+  from models.drafter_folder import KNOWN_DRAFTERS
+  from models.registry import resolve_checkpoint
+  parser = build_parser()
+  for argv in (["--pair", "smollm2-135m"],  # the same values given again are no conflict
+               ["--pair", "smollm2-135m", "--draft", "smollm2-135m-standalone"]):
+    args = parser.parse_args([*argv, "--prompt", "hi"])
+    apply_pair(args, parser)
+    assert (args.target, args.draft) == ("smollm2-135m", "smollm2-135m-standalone")
+  args = parser.parse_args(["--prompt", "hi"])
+  apply_pair(args, parser)
+  assert (args.target, args.draft) == ("smollm2-135m", None)  # no pair: plain decoding
+  for pair in PAIRS.values():  # every pair names a known target and a drafter shipped for it
+    resolve_checkpoint(pair.target)
+    assert KNOWN_DRAFTERS[pair.draft] == pair.target
 
 
 def test_nonfinite_logits_print_the_output_then_fail(tiny_target, tmp_path, capsys):  # noqa: F811
