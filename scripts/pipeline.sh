@@ -19,7 +19,8 @@
 #
 # Drafters are exported to $DRAFTERS (default out/pipeline/drafters); DRAFTERS=drafters
 # replaces the shipped ones. Wall times on a 2-core CPU: data ~9 min, eagle3 ~19 min, vsd ~25
-# min, medusa ~8 min, standalone ~19 min, tau ~10 min, bench (cpu) ~45 min.
+# min, medusa ~8 min, standalone ~19 min, tau ~10 min, bench (cpu, trees
+# included: scripts/run_suite.sh) ~2.5 h.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PY:-.venv/bin/python}"

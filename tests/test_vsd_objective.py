@@ -343,6 +343,13 @@ def test_eval_only_restores_and_reports_diagnostics(tiny, capsys):
   out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert out["step"] == 12 and out["objective"] == "vsd"
   assert set(out["diagnostics"]) >= {"greedy_pruned_rate", "accepted_is_greedy_rate"}
+  # the flag or setting that differs is named, as the one to pass (it used to print two dicts)
+  assert main([a for a in argv if a != "--objective=vsd"]) == 2
+  assert "was trained with --objective=vsd, this run has --objective=baseline: pass " \
+         "--objective=vsd" in capsys.readouterr().err
+  assert main([*argv, "--set", "vsd_eta=2.5"]) == 2
+  err = capsys.readouterr().err
+  assert "other objective settings" in err and "2.5" in err and "pass the same --set" in err
   empty = trainer.workdir.parent / "empty-workdir"
   assert main(["--config=tiny", f"--workdir={empty}", "--eval-only", "--set",
                f"data_dir={trainer.cfg.data_dir}"]) == 2

@@ -119,6 +119,12 @@ class _readable:
         f"delete that folder to resume from an earlier checkpoint") from error
 
 
+def _objective_flag(objective: dict) -> str:
+  """The --objective value that trains this objective (baseline: the drafter kind's own loss,
+  e.g. eagle3_ttt)."""
+  return "vsd" if objective.get("name") == "vsd" else "baseline"
+
+
 def check_compatible(saved: dict, current: dict, where, same_objective: bool = True) -> None:
   """Raises CheckpointMismatchError naming the first difference (kind, target, shapes, fused
   layers, draft vocabulary map, rest); a checkpoint without a vocabulary-map field passes that."""
@@ -152,6 +158,14 @@ def check_compatible(saved: dict, current: dict, where, same_objective: bool = T
         f"{s_obj['draft_vocab_map'][:12]}, this run's data_dir gives "
         f"{str(c_obj.get('draft_vocab_map'))[:12]}); its weights only fit that map: use the "
         f"data_dir it was trained on, or another --workdir")
+  saved_flag, run_flag = _objective_flag(s_obj), _objective_flag(c_obj)
+  if same_objective and saved_flag != run_flag:
+    # Named as the flag to pass: --eval-only and resume default to --objective=baseline.
+    raise CheckpointMismatchError(
+        f"checkpoint {where} was trained with --objective={saved_flag}, this run has "
+        f"--objective={run_flag}: pass --objective={saved_flag}, or use another --workdir")
   if same_objective and s_obj != c_obj:
-    raise CheckpointMismatchError(f"checkpoint {where} was made with objective {s_obj}, this "
-                                  f"run has {c_obj}{hint}")
+    diff = "; ".join(f"{k}: checkpoint {s_obj.get(k)!r} vs run {c_obj.get(k)!r}"
+                     for k in sorted(set(s_obj) | set(c_obj)) if s_obj.get(k) != c_obj.get(k))
+    raise CheckpointMismatchError(f"checkpoint {where} was made with other objective settings "
+                                  f"({diff}): pass the same --set flags{hint}")
