@@ -29,13 +29,13 @@ import os
 import sys
 
 from asd_jax.asd_config import PAPER
-from configs.model_pairs import apply_pair
 from asd_jax.bench_prompts import SUITES, load_prompts, parse_suites
 from asd_jax.bench_protocol import SCHEDULES
 from asd_jax.bench_rows import (BenchContext, PreparedRow, RowRunner, make_batches,
                                ours_plain_greedy, run_rows)
 from asd_jax.cli_common import (check_output_path, enable_compilation_cache, run_cli,
                                split_list_flag)
+from configs.model_pairs import apply_pair
 
 
 def _transformers_row(ctx: BenchContext) -> PreparedRow:
