@@ -274,8 +274,18 @@ def _apply_pair(args) -> None:
     args.mode = "ar" if args.pair is None else "spec"
 
 
-def _check_args(args) -> tuple[str, ...]:
+def _base_rows(args) -> tuple[str, ...]:
+  """The rows this run makes besides the speculative ones (spec_runners), in run order."""
+  rows = tuple(r for r in MODE_ROWS[args.mode]
+               if not (args.skip_transformers and r in TRANSFORMERS_ROWS))
+  return rows + (("llama_cpp_greedy",) if args.llama_cpp else ())
+
+
+def _check_args(args) -> tuple[tuple[str, ...], list[str]]:
+  """Every flag checked before the (slow) model load; returns (suites, --quality-rows)."""
   _apply_pair(args)
+  from models.registry import resolve_checkpoint
+  resolve_checkpoint(args.target)  # an empty or unknown --target, before the slow load
   suites = parse_suites(args.suite)
   _refuse_spec_flags_in_ar(args)
   resolve_suite_flags(args)
@@ -295,6 +305,12 @@ def _check_args(args) -> tuple[str, ...]:
     if args.calibrate_prompts and args.calibration_source == "suite-tail":
       from asd_jax.bench_calibration import calibration_prompts  # refuses an overlap
       calibration_prompts(suites, args.num_prompts, args.calibrate_prompts)
+    # The row names are the ones spec_runners makes in main: the calibrated preset's values do
+    # not enter them.
+    quality_rows = _quality_rows(args, _base_rows(args) + tuple(
+        spec_runners(args, PAPER if args.calibrate_prompts else None)))
+  else:
+    quality_rows = []
   if args.json:  # written after every row has run
     check_output_path(args.json, "--json")
   if args.llama_cpp:
@@ -310,7 +326,7 @@ def _check_args(args) -> tuple[str, ...]:
                        f"has ({counts}, --num-prompts {args.num_prompts}); every batch would "
                        f"be filled with dummy rows: use --batch-size "
                        f"{max(per_suite.values())} or less")
-  return suites
+  return suites, quality_rows
 
 
 def _other_engine(row: str) -> bool:
@@ -352,10 +368,8 @@ def config_dict(args, suites: tuple[str, ...], rows: tuple[str, ...]) -> dict:
 @run_cli
 def main(argv=None):
   args = build_parser().parse_args(argv)
-  suites = _check_args(args)
-  rows = tuple(r for r in MODE_ROWS[args.mode]
-               if not (args.skip_transformers and r in TRANSFORMERS_ROWS))
-  rows += ("llama_cpp_greedy",) if args.llama_cpp else ()
+  suites, quality_rows = _check_args(args)
+  rows = _base_rows(args)
   prompts = load_prompts(suites, args.num_prompts)
   enable_compilation_cache()
 
@@ -383,12 +397,8 @@ def main(argv=None):
                 args.target)
 
   runners = dict(RUNNERS)
-  calibrated, calibration, quality_rows = None, None, []
+  calibrated, calibration = None, None
   if args.mode in ("spec", "suite"):
-    # A misspelt --quality-rows fails before calibration and the timed rows. The row names are
-    # the ones spec_runners makes below: the calibrated preset's values do not enter them.
-    quality_rows = _quality_rows(
-        args, rows + tuple(spec_runners(args, PAPER if args.calibrate_prompts else None)))
     if args.calibrate_prompts:
       calibrated, calibration = bench_suite.calibrate_for_bench(
           ctx, *drafts(args)[0], suites, args.num_prompts, args.calibrate_prompts,

@@ -468,15 +468,22 @@ GENERATE = [
 ]
 
 
-@pytest.mark.parametrize("argv, message", GENERATE, ids=[" ".join(a) for a, _ in GENERATE])
-def test_generate_cli_fails_fast_with_one_line(argv, message, capsys, monkeypatch):
+@pytest.fixture
+def no_model_load(monkeypatch):
+  """The CLIs check every flag before the (slow) model and tokenizer loads."""
   import models.load
-  from asd_jax.generate import main
+  import models.tokenizer
 
   def no_load(*args, **kwargs):
     raise AssertionError("the model was loaded before the flags were checked")
 
   monkeypatch.setattr(models.load, "load_decoder", no_load)
+  monkeypatch.setattr(models.tokenizer, "load_tokenizer", no_load)
+
+
+@pytest.mark.parametrize("argv, message", GENERATE, ids=[" ".join(a) for a, _ in GENERATE])
+def test_generate_cli_fails_fast_with_one_line(argv, message, capsys, no_model_load):
+  from asd_jax.generate import main
   with pytest.raises(SystemExit) as e:
     main(argv)
   err = capsys.readouterr().err.strip()
@@ -490,6 +497,9 @@ BENCH = [
     (["--target", "no-such-model", "--num-prompts", "1"], "unknown model 'no-such-model'"),
     (["--mode", "spec", "--tree", ""], "DEPTH,TOPK,NODES"),
     (["--mode", "spec", "--draft", "ngram:100"], "max_ngram 100 is above 32"),
+    # a misspelt row name used to fail only after the model load
+    (["--mode", "spec", "--draft", "ngram", "--quality", "--quality-rows", "ours_plain"],
+     "--quality-rows: ours_plain; this run's own rows are ours_plain_greedy, ngram_chain_k4_strict"),
     # these used to fail only after every row had run, or never
     (["--json", "."], "--json . is a folder, not a file"),
     (["--mode", "suite", "--drift-tol", "nan"], "--drift-tol"),
@@ -504,7 +514,7 @@ BENCH = [
 
 
 @pytest.mark.parametrize("argv, message", BENCH, ids=[" ".join(a) for a, _ in BENCH])
-def test_bench_cli_one_line_errors(argv, message, capsys, tmp_path, monkeypatch):
+def test_bench_cli_one_line_errors(argv, message, capsys, tmp_path, monkeypatch, no_model_load):
   from asd_jax import bench
   monkeypatch.setenv("ASD_JAX_CACHE_DIR", str(tmp_path / "cache"))
   with pytest.raises(SystemExit) as e:

@@ -106,6 +106,27 @@ def test_asd_tree_ledger_is_bounded():
   assert (spent <= 2.0).all() and (np.asarray(out.stats.asd_exceptions_B).sum() > 0)
 
 
+def test_tree_rows_do_not_depend_on_the_batch():
+  """Greedy tree rows (strict, and ASD spending its ledger) decode alike alone and in a batch of
+  other prompts and lengths: rejected branches, compaction and the ledger stay per row."""
+  dparams = decoder_fns(perturbed_copy(_TARGET, 0.4, seed=5))[1]
+  prompt, lengths = random_prompts(np.random.RandomState(9), 5, 11, VOCAB)
+  drafter = lm_tree_drafter(_TFNS, TreeShape(3, 2, 6))
+  for rule in ("strict", "asd"):
+    kw = dict(max_new_tokens=16, rule=rule, asd_config=ASDConfig(2.0, 0.5, 2))
+    together = asd_tree_decode(_TFNS, _TPARAMS, drafter, dparams, prompt, lengths, **kw)
+    if rule == "asd":  # the ledger is really in use
+      assert np.asarray(together.stats.asd_exceptions_B).sum() > 0
+    for b in range(5):
+      alone = asd_tree_decode(_TFNS, _TPARAMS, drafter, dparams, prompt[b:b + 1],
+                              lengths[b:b + 1], **kw)
+      np.testing.assert_array_equal(alone.tokens_BxN[0], together.tokens_BxN[b])
+      assert int(alone.stats.rounds_B[0]) == int(together.stats.rounds_B[b])
+      # Logits of different batch shapes may differ in the last float bits.
+      np.testing.assert_allclose(alone.stats.asd_spent_B[0], together.stats.asd_spent_B[b],
+                                 rtol=1e-5)
+
+
 def test_tree_sampling_is_lossless_end_to_end():
   v, prompt_ids, rows = 16, [3, 7, 1], 40_000
   target = random_decoder(seed=11, vocab=v, num_layers=2, hidden=32)
