@@ -191,6 +191,9 @@ def test_weight_blocks_are_cached_and_a_damaged_cache_is_rebuilt(quantised_gguf,
   (folder / "rows.npz").write_bytes(b"not a zip file")
   rebuilt = registry.load_weight_blocks(quantised_gguf)
   assert sorted(rebuilt) == sorted(first)
+  for name, (kind, rows) in first.items():  # rebuilt from the GGUF, not read from the damage
+    assert rebuilt[name][0] == kind
+    np.testing.assert_array_equal(rebuilt[name][1], rows)
 
 
 def test_no_blocks_for_bfloat16_or_without_the_native_kernel(quantised_gguf, monkeypatch):
