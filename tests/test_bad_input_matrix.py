@@ -285,6 +285,10 @@ API = [
      "rope_theta must be a number, got '1e4'"),
     ("config.json: vocab_size 49152.9", config_json(vocab_size=49152.9), ValueError,
      "vocab_size must be a positive integer, got 49152.9"),
+    ("config.json: hidden_size nan", config_json(hidden_size=math.nan), ValueError,
+     "hidden_size must be a positive integer, got nan"),
+    ("config.json: num_hidden_layers nan", config_json(num_hidden_layers=math.nan), ValueError,
+     "num_hidden_layers must be a positive integer, got nan"),
     ("config.json: rms_norm_eps < 0", config_json(rms_norm_eps=-1e-5), ValueError,
      "rms_norm_eps must be a finite number >= 0, got -1e-05"),
     ("config.json: rms_norm_eps nan", config_json(rms_norm_eps=math.nan), ValueError,
@@ -330,6 +334,31 @@ def test_api_refuses_bad_input(name, call, error, match):
     call()
   assert match in str(e.value), f"{name}: {e.value}"
   assert "\n" not in str(e.value).strip()
+
+
+def test_over_long_requests_are_refused_before_the_model_runs():
+  """The KV-cache and context-window checks come before any model function is called (or
+  traced): a model that fails when touched must still give the one-line ValueError."""
+  def untouched(*args, **kwargs):
+    raise AssertionError("the model ran before the request was checked")
+
+  never = dataclasses.replace(T, forward=untouched, prefill=untouched, init_cache=untouched,
+                              max_positions=6)
+  drafter = lm_chain_drafter(never, 2)
+  cases = [
+      (lambda: plain_decode(never, None, P, N, max_new_tokens=2, capacity=4), "cache slots"),
+      (lambda: plain_decode(never, None, P, N, max_new_tokens=4), "context window"),
+      (lambda: plain_decode(never, None, P, N, max_new_tokens=2, capacity=2 ** 20),
+       "more than any request"),
+      (lambda: asd_decode(never, None, drafter, None, P, N, max_new_tokens=2, capacity=4),
+       "cache slots"),
+      (lambda: asd_decode(never, None, drafter, None, P, N, max_new_tokens=4), "context window"),
+      (lambda: asd_decode(never, None, drafter, None, P, N, max_new_tokens=2,
+                          capacity=2 ** 20), "more than any request"),
+  ]
+  for call, match in cases:
+    with pytest.raises(ValueError, match=match):
+      call()
 
 
 # --- files: unknown names and corrupt weights (loaders, drafter checkpoints, exporters) ----------
@@ -533,7 +562,12 @@ TRAIN = [
     # mid-run, if they got that far
     (["--config=tiny", "--set", "lr=nan"], "lr must be a finite number > 0, got nan"),
     (["--config=tiny", "--set", "clip_norm=0"], "clip_norm must be > 0"),
+    (["--config=tiny", "--set", "lr=0"], "lr must be a finite number > 0, got 0"),
+    (["--config=tiny", "--set", "lr=-0.001"], "lr must be a finite number > 0, got -0.001"),
+    (["--config=tiny", "--set", "b1=1"], "b1 must be in [0, 1)"),
+    (["--config=tiny", "--set", "b1=-0.1"], "b1 must be in [0, 1)"),
     (["--config=tiny", "--set", "b2=1"], "b2 must be in [0, 1)"),
+    (["--config=tiny", "--set", "b2=-0.5"], "b2 must be in [0, 1)"),
     (["--config=tiny", "--set", "ckpt_every=0"], "ckpt_every must be positive"),
     (["--config=tiny", "--set", "log_every=0"], "log_every must be positive"),
     (["--config=tiny", "--set", "warmup_steps=-1"], "warmup_steps must be >= 0"),
