@@ -108,8 +108,12 @@ def test_switched_off_it_is_xla_dot_with_the_same_results():
   code = ("import jax.numpy as jnp, numpy as np; from models import few_rows_matmul as frm; "
           "x = jnp.arange(12.).reshape(2, 6); w = jnp.arange(18.).reshape(6, 3); "
           "assert not frm.native_available(); "
-          "y = frm.few_rows_dot_general(x, w, (((1,), (0,)), ((), ()))); "
-          "np.testing.assert_array_equal(np.asarray(y), np.asarray(x @ w)); print('ok')")
+          "dims = (((1,), (0,)), ((), ())); "
+          "y = frm.few_rows_dot_general(x, w, dims); "
+          "np.testing.assert_array_equal(np.asarray(y), np.asarray(x @ w)); "
+          "import jax; text = jax.jit(lambda x, w: frm.few_rows_dot_general(x, w, dims))"
+          ".lower(x, w).as_text(); "
+          "assert 'asd_few_rows' not in text and 'dot_general' in text, text; print('ok')")
   env = dict(os.environ, ASD_JAX_NATIVE="0")
   out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
