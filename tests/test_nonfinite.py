@@ -112,8 +112,9 @@ def test_chain_target_nonfinite_stops_the_row(rule, value):
     _check_stopped(out, np.asarray(_chain(_FAKE, rule).tokens_BxN))
 
 
-def test_tree_target_nonfinite_stops_the_row():
-  out = asd_tree_decode(_POISONED["nan"], _TPARAMS, lm_tree_drafter(_TFNS, TreeShape(2, 2, 4)),
+@pytest.mark.parametrize("value", BAD)
+def test_tree_target_nonfinite_stops_the_row(value):
+  out = asd_tree_decode(_POISONED[value], _TPARAMS, lm_tree_drafter(_TFNS, TreeShape(2, 2, 4)),
                         _DPARAMS, PROMPT, LENGTHS, max_new_tokens=10, max_new_B=MAX_NEW_B,
                         capacity=64)
   _check_stopped(out, _clean())
@@ -131,8 +132,25 @@ def test_broken_drafter_under_greedy_rules_cannot_change_the_output():
   np.testing.assert_array_equal(np.asarray(out.tokens_BxN), _clean())
 
 
+def test_broken_drafter_under_asd_is_verified_by_the_target():
+  """ASD only reads the draft's tokens, scored by the (finite) target: no flag, a full answer
+  of in-vocabulary tokens, and the ledger within its budget."""
+  out = _chain(_FAKE, "asd", lm_chain_drafter(_FAKE_POISONED["nan"], 3))
+  assert not np.asarray(out.nonfinite_B).any()
+  np.testing.assert_array_equal(np.asarray(out.num_generated_B), MAX_NEW_B)
+  tokens = np.asarray(out.tokens_BxN)
+  assert ((tokens[0] >= 0) & (tokens[0] < V)).all()
+  assert (np.asarray(out.stats.asd_spent_B) <= CHAIN["asd"]["asd_config"].budget).all()
+
+
 def test_broken_drafter_under_sampling_stops_the_row():
   out = _chain(_FAKE, "sample", lm_chain_drafter(_FAKE_POISONED["nan"], 3))
   n = np.asarray(out.num_generated_B)
   assert np.asarray(out.nonfinite_B).tolist() == [True, False]
+  assert n[0] <= POISON_FROM - LENGTHS[0] + 1 and n[1] == MAX_NEW_B[1]
+  out = asd_tree_decode(_TFNS, _TPARAMS, lm_tree_drafter(_POISONED["nan"], TreeShape(2, 2, 4)),
+                        _DPARAMS, PROMPT, LENGTHS, max_new_tokens=10, max_new_B=MAX_NEW_B,
+                        rule="sample", sampling=SamplingConfig(temperature=1.0), capacity=64)
+  n = np.asarray(out.num_generated_B)
+  assert np.asarray(out.nonfinite_B).tolist() == [True, False]  # the tree's q is NaN too
   assert n[0] <= POISON_FROM - LENGTHS[0] + 1 and n[1] == MAX_NEW_B[1]
