@@ -144,10 +144,9 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
   if capacity is None:
     capacity = request_checks.round_up(needed, CAPACITY_BUCKET)
   capacity = request_checks.check_positive_int("capacity", capacity)
-  most_usable = (None if fns.max_positions is None
-                 else request_checks.round_up(fns.max_positions, CAPACITY_BUCKET))
   request_checks.check_capacity(capacity, needed, "prompt + max_new_tokens",
-                                most_usable=most_usable, model=fns.name)
+                                window_needs=fns.max_positions, bucket=CAPACITY_BUCKET,
+                                model=fns.name)
   max_new_B = request_checks.check_max_new_per_row(max_new_B, prompt.shape[0], max_new_tokens)
   request_checks.check_param_shapes("params", params, fns.param_shapes, fns.name)
   return _plain_decode(fns, params, jnp.asarray(prompt), jnp.asarray(lengths),

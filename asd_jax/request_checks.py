@@ -94,14 +94,15 @@ def check_max_new_per_row(max_new_B, batch: int, max_new_tokens: int) -> np.ndar
   return limits.astype(np.int32)
 
 
-def check_capacity(capacity: int, needed: int, what: str, *, most_usable: int | None = None,
-                   model: str = "") -> None:
+def check_capacity(capacity: int, needed: int, what: str, *, window_needs: int | None = None,
+                   bucket: int = 1, model: str = "") -> None:
   """Cache positions are int32 on the device: a larger capacity would overflow there.
 
-  most_usable: the most slots any request within the model's context window can use (None:
-  no window known). A capacity above it is refused, since every extra slot is allocated for
-  every row and, on the CPU, scanned by every masked attention step: capacity=2**28 would try
-  to allocate hundreds of GB instead of failing.
+  window_needs: the slots a request filling the model's context window needs (None: no window
+  known). A capacity above the larger of that and `needed`, rounded up to the engines' bucket
+  (what the default capacity can be), is refused: every extra slot is allocated for every row
+  and, on the CPU, scanned by every masked attention step, so capacity=2**28 would try to
+  allocate hundreds of GB instead of failing.
   """
   limit = np.iinfo(np.int32).max
   if capacity > limit:
@@ -109,10 +110,10 @@ def check_capacity(capacity: int, needed: int, what: str, *, most_usable: int | 
   if needed > capacity:
     raise ValueError(f"{what} needs {needed} cache slots but the cache holds {capacity}; "
                      f"shorten the prompt, lower max_new_tokens or raise the capacity")
-  if most_usable is not None and capacity > max(most_usable, needed):
+  if window_needs is not None and capacity > round_up(max(window_needs, needed), bucket):
     raise ValueError(f"capacity={capacity} is more than any request to {model!r} can use "
-                     f"({max(most_usable, needed)} slots, from its context window); lower "
-                     f"the capacity or leave it unset")
+                     f"({round_up(max(window_needs, needed), bucket)} slots, from its context "
+                     f"window); lower the capacity or leave it unset")
 
 
 def check_context(max_positions: int | None, lengths_B: np.ndarray, max_new_tokens: int,

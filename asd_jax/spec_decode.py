@@ -246,10 +246,11 @@ def prepare_request(target: LanguageModelFns, drafter_vocab: int, prompt_BxT, le
   if capacity is None:
     capacity = request_checks.round_up(needed, CAPACITY_BUCKET)
   capacity = request_checks.check_positive_int("capacity", capacity)
-  most_usable = (None if target.max_positions is None else request_checks.round_up(
-      required_capacity(target.max_positions, 0, lookahead), CAPACITY_BUCKET))
+  window_needs = (None if target.max_positions is None
+                  else required_capacity(target.max_positions, 0, lookahead))
   request_checks.check_capacity(capacity, needed, f"prompt + max_new_tokens + lookahead + 1 "
-                                f"({what})", most_usable=most_usable, model=target.name)
+                                f"({what})", window_needs=window_needs, bucket=CAPACITY_BUCKET,
+                                model=target.name)
   max_new_B = request_checks.check_max_new_per_row(max_new_B, prompt.shape[0], max_new_tokens)
   asd_scalars = (np.float32(asd_config.budget), np.float32(asd_config.gate),
                  np.int32(asd_config.max_exceptions))

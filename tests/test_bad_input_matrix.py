@@ -336,6 +336,28 @@ def test_api_refuses_bad_input(name, call, error, match):
   assert "\n" not in str(e.value).strip()
 
 
+def test_the_default_capacity_and_its_bucket_are_never_refused():
+  """A request that fills the context window from a prompt padded wider than its rows gets a
+  default capacity above window + lookahead (the padded width, rounded up to 64): the cap on
+  capacity must allow it, and any capacity up to it, for plain and chain decoding."""
+  window = 64
+  target = dataclasses.replace(T, max_positions=window)
+  prompt = np.zeros((1, 8), np.int32)
+  prompt[0, :5] = 3
+  lengths = np.array([5], np.int32)
+  drafter = lm_chain_drafter(fake_lm(V), 2)
+  for capacity in (None, 128):  # plain needs 8 + 59 = 67 slots, chain 70: both round to 128
+    out = plain_decode(target, None, prompt, lengths, max_new_tokens=window - 5,
+                       capacity=capacity)
+    assert int(out.num_generated_B[0]) == window - 5
+    out = asd_decode(target, None, drafter, None, prompt, lengths, max_new_tokens=window - 5,
+                     capacity=capacity)
+    assert int(out.num_generated_B[0]) == window - 5
+  with pytest.raises(ValueError, match="capacity=192 is more than any request to 'fake' can "
+                     r"use \(128 slots"):
+    plain_decode(target, None, prompt, lengths, max_new_tokens=window - 5, capacity=192)
+
+
 def test_over_long_requests_are_refused_before_the_model_runs():
   """The KV-cache and context-window checks come before any model function is called (or
   traced): a model that fails when touched must still give the one-line ValueError."""
