@@ -141,6 +141,19 @@ def test_lossless_sampling(min_ngram):
   assert tv(got.sum(axis=0), exact.sum(axis=0)) <= sampling_check.TV_LIMIT
 
 
+def test_the_lossless_check_can_fail_with_ngram_drafts(monkeypatch):
+  """The same check with a sampler that accepts every n-gram draft fails the bound (a broken
+  rule could not hide behind drafts that seldom match)."""
+  target = random_decoder(seed=11, vocab=sampling_check.V, num_layers=2, hidden=32)
+  tfns, tparams = decoder_fns(target)
+  sampling = SamplingConfig(temperature=1.0)
+  exact = sampling_check._exact_joint(tfns, tparams, sampling)
+  sampling_check.trust_every_draft(monkeypatch)
+  drafter = ngram_drafter(2, sampling_check.V, min_ngram=1)  # a new object: traced anew
+  got = sampling_check._sampled_joint(tfns, tparams, drafter, None, sampling, seed0=5, calls=2)
+  assert sampling_check._tv(got.sum(axis=0), exact.sum(axis=0)) > sampling_check.TV_LIMIT
+
+
 def test_a_sampled_row_does_not_depend_on_its_batch():
   """With per-row seeds a sampled row equals the same request decoded alone. The n-gram
   drafter's lengths differ between rows, so a batch-wide verify width (or a plain step when no

@@ -91,11 +91,10 @@ def test_sample_rule_at_temperature_0_is_greedy_decoding(pair):
                                   np.asarray(strict.stats.rounds_B))
 
 
-def test_the_check_can_fail(pair, monkeypatch):
-  """A sampler that accepts every draft token (ignoring p/q) must fail the same bound."""
+def trust_every_draft(monkeypatch):
+  """Replaces the engine's verifier by a broken sampler that accepts every draft token
+  (ignoring p/q): the control a losslessness check must be able to fail."""
   from asd_jax import spec_decode
-  tfns, tparams, dparams = pair
-  sampling = SamplingConfig(temperature=1.0)
   honest = spec_decode._verify
 
   def trusting(rule, draft_BxK, draft_logits, target_logits, spent_B, *args, **kwargs):
@@ -105,6 +104,13 @@ def test_the_check_can_fail(pair, monkeypatch):
                       next_token=jnp.argmax(target_logits[:, k], axis=-1).astype(jnp.int32))
 
   monkeypatch.setattr(spec_decode, "_verify", trusting)
+
+
+def test_the_check_can_fail(pair, monkeypatch):
+  """A sampler that accepts every draft token (ignoring p/q) must fail the same bound."""
+  tfns, tparams, dparams = pair
+  sampling = SamplingConfig(temperature=1.0)
+  trust_every_draft(monkeypatch)
   exact = _exact_joint(tfns, tparams, sampling)
   drafter = lm_chain_drafter(tfns, 2)  # a new object, so the patched rule is traced
   got = _sampled_joint(tfns, tparams, drafter, dparams, sampling, seed0=5, calls=2)
