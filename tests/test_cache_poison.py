@@ -95,27 +95,60 @@ def test_tree_compaction_leaves_nothing_stale_visible():
                           LENGTHS, **kw)
   dirty = asd_tree_decode(_POISONED, _TPARAMS, lm_tree_drafter(_POISONED, shape), _DPARAMS,
                           PROMPT, LENGTHS, **kw)
+  accepted, rounds = np.asarray(clean.stats.accepted_B), np.asarray(clean.stats.rounds_B)
+  assert (accepted < 3 * rounds).any(), "no rejection: the test would not exercise compaction"
   assert not np.asarray(dirty.nonfinite_B).any()
   np.testing.assert_array_equal(np.asarray(dirty.tokens_BxN), np.asarray(clean.tokens_BxN))
 
 
-def test_no_write_lands_past_capacity():
-  """With capacity == what the request needs, the highest slot written is below it."""
-  written = []
+def recording(fns, written: list):
+  """`fns` that append the highest slot each forward / tree_forward call writes."""
 
   def forward(params, tokens, positions, cache):
     jax.debug.callback(lambda m: written.append(int(m)), positions.max())
-    return _TFNS.forward(params, tokens, positions, cache)
+    return fns.forward(params, tokens, positions, cache)
 
-  fns = dataclasses.replace(_TFNS, forward=forward, name="recording")
+  def tree_forward(params, tokens, positions, slots, visible, cache):
+    jax.debug.callback(lambda m: written.append(int(m)), slots.max())
+    return fns.tree_forward(params, tokens, positions, slots, visible, cache)
+
+  return dataclasses.replace(fns, forward=forward, tree_forward=tree_forward, name="recording")
+
+
+def test_no_write_lands_past_capacity():
+  """With capacity == what the request needs, the highest slot written is below it, in the
+  target's cache and the drafter's."""
+  target_writes, drafter_writes = [], []
+  fns = recording(_TFNS, target_writes)
   k, new = 3, 14
   capacity = required_capacity(PROMPT.shape[1], new, k)
-  out = asd_decode(fns, _TPARAMS, lm_chain_drafter(_TFNS, k), _DPARAMS, PROMPT, LENGTHS,
-                   max_new_tokens=new, capacity=capacity)
+  out = asd_decode(fns, _TPARAMS, lm_chain_drafter(recording(_TFNS, drafter_writes), k),
+                   _DPARAMS, PROMPT, LENGTHS, max_new_tokens=new, capacity=capacity)
   ref = asd_decode(_TFNS, _TPARAMS, lm_chain_drafter(_TFNS, k), _DPARAMS, PROMPT, LENGTHS,
                    max_new_tokens=new, capacity=capacity + 64)
   np.testing.assert_array_equal(np.asarray(out.tokens_BxN), np.asarray(ref.tokens_BxN))
-  assert written and max(written) < capacity
+  assert target_writes and max(target_writes) < capacity
+  assert drafter_writes and max(drafter_writes) < capacity
   with pytest.raises(ValueError, match="cache slots"):
     asd_decode(fns, _TPARAMS, lm_chain_drafter(_TFNS, k), _DPARAMS, PROMPT, LENGTHS,
                max_new_tokens=new, capacity=capacity - 1)
+
+
+def test_no_tree_write_lands_past_capacity():
+  """The tree engine's writes (nodes in scratch slots, drafter frontiers) stay below the
+  capacity too, with capacity == what the tree request needs."""
+  target_writes, drafter_writes = [], []
+  shape, new = TreeShape(3, 2, 6), 12
+  lookahead = max(shape.num_nodes, (shape.depth - 1) * shape.top_k) + 1  # as asd_tree_decode
+  capacity = required_capacity(PROMPT.shape[1], new, lookahead)
+  out = asd_tree_decode(recording(_TFNS, target_writes), _TPARAMS,
+                        lm_tree_drafter(recording(_TFNS, drafter_writes), shape), _DPARAMS,
+                        PROMPT, LENGTHS, max_new_tokens=new, capacity=capacity)
+  ref = asd_tree_decode(_TFNS, _TPARAMS, lm_tree_drafter(_TFNS, shape), _DPARAMS, PROMPT,
+                        LENGTHS, max_new_tokens=new, capacity=capacity + 64)
+  np.testing.assert_array_equal(np.asarray(out.tokens_BxN), np.asarray(ref.tokens_BxN))
+  assert target_writes and max(target_writes) < capacity
+  assert drafter_writes and max(drafter_writes) < capacity
+  with pytest.raises(ValueError, match="cache slots"):
+    asd_tree_decode(_TFNS, _TPARAMS, lm_tree_drafter(_TFNS, shape), _DPARAMS, PROMPT, LENGTHS,
+                    max_new_tokens=new, capacity=capacity - 1)
