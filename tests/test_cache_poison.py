@@ -115,40 +115,29 @@ def recording(fns, written: list):
   return dataclasses.replace(fns, forward=forward, tree_forward=tree_forward, name="recording")
 
 
-def test_no_write_lands_past_capacity():
+@pytest.mark.parametrize("engine", ["chain", "tree"])
+def test_no_write_lands_past_capacity(engine):
   """With capacity == what the request needs, the highest slot written is below it, in the
-  target's cache and the drafter's."""
-  target_writes, drafter_writes = [], []
-  fns = recording(_TFNS, target_writes)
-  k, new = 3, 14
-  capacity = required_capacity(PROMPT.shape[1], new, k)
-  out = asd_decode(fns, _TPARAMS, lm_chain_drafter(recording(_TFNS, drafter_writes), k),
-                   _DPARAMS, PROMPT, LENGTHS, max_new_tokens=new, capacity=capacity)
-  ref = asd_decode(_TFNS, _TPARAMS, lm_chain_drafter(_TFNS, k), _DPARAMS, PROMPT, LENGTHS,
-                   max_new_tokens=new, capacity=capacity + 64)
-  np.testing.assert_array_equal(np.asarray(out.tokens_BxN), np.asarray(ref.tokens_BxN))
-  assert target_writes and max(target_writes) < capacity
-  assert drafter_writes and max(drafter_writes) < capacity
-  with pytest.raises(ValueError, match="cache slots"):
-    asd_decode(fns, _TPARAMS, lm_chain_drafter(_TFNS, k), _DPARAMS, PROMPT, LENGTHS,
-               max_new_tokens=new, capacity=capacity - 1)
-
-
-def test_no_tree_write_lands_past_capacity():
-  """The tree engine's writes (nodes in scratch slots, drafter frontiers) stay below the
-  capacity too, with capacity == what the tree request needs."""
-  target_writes, drafter_writes = [], []
-  shape, new = TreeShape(3, 2, 6), 12
-  lookahead = max(shape.num_nodes, (shape.depth - 1) * shape.top_k) + 1  # as asd_tree_decode
+  target's cache and the drafter's (trees: nodes in scratch slots, drafter frontiers too)."""
+  if engine == "chain":
+    new, lookahead = 14, 3
+    decode, make_drafter = asd_decode, lambda fns: lm_chain_drafter(fns, 3)
+  else:
+    shape, new = TreeShape(3, 2, 6), 12
+    lookahead = max(shape.num_nodes, (shape.depth - 1) * shape.top_k) + 1  # as asd_tree_decode
+    decode, make_drafter = asd_tree_decode, lambda fns: lm_tree_drafter(fns, shape)
   capacity = required_capacity(PROMPT.shape[1], new, lookahead)
-  out = asd_tree_decode(recording(_TFNS, target_writes), _TPARAMS,
-                        lm_tree_drafter(recording(_TFNS, drafter_writes), shape), _DPARAMS,
-                        PROMPT, LENGTHS, max_new_tokens=new, capacity=capacity)
-  ref = asd_tree_decode(_TFNS, _TPARAMS, lm_tree_drafter(_TFNS, shape), _DPARAMS, PROMPT,
-                        LENGTHS, max_new_tokens=new, capacity=capacity + 64)
+
+  def run(target, drafter, capacity):
+    return decode(target, _TPARAMS, drafter, _DPARAMS, PROMPT, LENGTHS, max_new_tokens=new,
+                  capacity=capacity)
+
+  target_writes, drafter_writes = [], []
+  out = run(recording(_TFNS, target_writes), make_drafter(recording(_TFNS, drafter_writes)),
+            capacity)
+  ref = run(_TFNS, make_drafter(_TFNS), capacity + 64)
   np.testing.assert_array_equal(np.asarray(out.tokens_BxN), np.asarray(ref.tokens_BxN))
   assert target_writes and max(target_writes) < capacity
   assert drafter_writes and max(drafter_writes) < capacity
   with pytest.raises(ValueError, match="cache slots"):
-    asd_tree_decode(_TFNS, _TPARAMS, lm_tree_drafter(_TFNS, shape), _DPARAMS, PROMPT, LENGTHS,
-                    max_new_tokens=new, capacity=capacity - 1)
+    run(_TFNS, make_drafter(_TFNS), capacity - 1)
