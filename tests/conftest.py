@@ -26,3 +26,17 @@ def _release_compiled_programs():
   import jax
   jax.clear_caches()
   gc.collect()
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+  """Fails a test whose CLI loads the model or tokenizer: flags must be checked first, so a
+  typo costs milliseconds, not a model load."""
+  import models.load
+  import models.tokenizer
+
+  def no_load(*args, **kwargs):
+    raise AssertionError("the model was loaded before the flags were checked")
+
+  monkeypatch.setattr(models.load, "load_decoder", no_load)
+  monkeypatch.setattr(models.tokenizer, "load_tokenizer", no_load)

@@ -519,19 +519,6 @@ GENERATE = [
 ]
 
 
-@pytest.fixture
-def no_model_load(monkeypatch):
-  """The CLIs check every flag before the (slow) model and tokenizer loads."""
-  import models.load
-  import models.tokenizer
-
-  def no_load(*args, **kwargs):
-    raise AssertionError("the model was loaded before the flags were checked")
-
-  monkeypatch.setattr(models.load, "load_decoder", no_load)
-  monkeypatch.setattr(models.tokenizer, "load_tokenizer", no_load)
-
-
 @pytest.mark.parametrize("argv, message", GENERATE, ids=[" ".join(a) for a, _ in GENERATE])
 def test_generate_cli_fails_fast_with_one_line(argv, message, capsys, no_model_load):
   from asd_jax.generate import main

@@ -109,10 +109,11 @@ def test_missing_llama_cpp_is_explained(monkeypatch, tmp_path):
     llama_cpp_greedy(ctx)
 
 
-def test_bench_says_llama_cpp_is_missing_before_the_model_loads(monkeypatch, capsys):
+def test_bench_says_llama_cpp_is_missing_before_the_model_loads(monkeypatch, capsys,
+                                                                no_model_load):
   from asd_jax import bench
   monkeypatch.setitem(sys.modules, "llama_cpp", None)
   with pytest.raises(SystemExit) as e:
-    bench.main(["--target", "no-such-model", "--llama-cpp", "--skip-transformers"])
+    bench.main(["--llama-cpp", "--skip-transformers"])
   err = capsys.readouterr().err
   assert e.value.code == 2 and "pip install llama-cpp-python" in err, err

@@ -13,13 +13,8 @@ COST = json.dumps({w: 1.0 + 0.1 * w for w in range(8)})
 
 
 @pytest.fixture(autouse=True)
-def no_target(monkeypatch):
-  import models.load
-
-  def no_load(*args, **kwargs):
-    raise AssertionError("the target was loaded before the flags were checked")
-
-  monkeypatch.setattr(models.load, "load_decoder", no_load)
+def no_target(no_model_load):
+  """Every test here: the flags fail before the target or its tokenizer loads."""
 
 
 @pytest.fixture
