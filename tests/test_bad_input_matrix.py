@@ -360,7 +360,8 @@ def test_the_default_capacity_and_its_bucket_are_never_refused():
 
 def test_over_long_requests_are_refused_before_the_model_runs():
   """The KV-cache and context-window checks come before any model function is called (or
-  traced): a model that fails when touched must still give the one-line ValueError."""
+  traced): a model that fails when touched must still give the one-line ValueError (plain,
+  chain and tree engines)."""
   def untouched(*args, **kwargs):
     raise AssertionError("the model ran before the request was checked")
 
@@ -377,6 +378,19 @@ def test_over_long_requests_are_refused_before_the_model_runs():
       (lambda: asd_decode(never, None, drafter, None, P, N, max_new_tokens=4), "context window"),
       (lambda: asd_decode(never, None, drafter, None, P, N, max_new_tokens=2,
                           capacity=2 ** 20), "more than any request"),
+  ]
+  fns, params = _decoder(0, 16)
+  tree_never = dataclasses.replace(fns, forward=untouched, prefill=untouched,
+                                   init_cache=untouched, tree_forward=untouched,
+                                   move_slots=untouched, max_positions=6)
+  tree_drafter = lm_tree_drafter(tree_never, TreeShape(2, 2, 3))
+  cases += [
+      (lambda: asd_tree_decode(tree_never, params, tree_drafter, params, P, N, max_new_tokens=2,
+                               capacity=4), "cache slots"),
+      (lambda: asd_tree_decode(tree_never, params, tree_drafter, params, P, N,
+                               max_new_tokens=4), "context window"),
+      (lambda: asd_tree_decode(tree_never, params, tree_drafter, params, P, N, max_new_tokens=2,
+                               capacity=2 ** 20), "more than any request"),
   ]
   for call, match in cases:
     with pytest.raises(ValueError, match=match):
