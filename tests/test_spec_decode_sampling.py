@@ -23,11 +23,11 @@ CALLS = 4  # 200,000 samples per setting: sampling noise alone gives TV ~0.012 h
 TV_LIMIT = 0.02
 
 
-def _exact_joint(fns, params, sampling):
-  """P(t1, t2, t3 | PROMPT) under the filtered target, float64 [V, V, V]."""
+def _exact_joint(fns, params, sampling, prompt=PROMPT):
+  """P(t1, t2, t3 | prompt) under the filtered target, float64 [V, V, V]."""
   forward = jax.jit(fns.forward)
-  t = len(PROMPT)
-  ids = np.array([PROMPT + [a, b] for a in range(V) for b in range(V)], np.int32)
+  t = len(prompt)
+  ids = np.array([list(prompt) + [a, b] for a in range(V) for b in range(V)], np.int32)
   pos = jnp.broadcast_to(jnp.arange(t + 2), ids.shape)
   logits = forward(params, jnp.asarray(ids), pos, fns.init_cache(ids.shape[0], t + 2))[0]
   p1 = np.asarray(probabilities(logits[:1, t - 1], sampling), np.float64)[0]
@@ -36,10 +36,11 @@ def _exact_joint(fns, params, sampling):
   return p1[:, None, None] * p2[:, :, None] * p3
 
 
-def _sampled_joint(target_fns, tparams, drafter, dparams, sampling, seed0, calls=CALLS):
+def _sampled_joint(target_fns, tparams, drafter, dparams, sampling, seed0, calls=CALLS,
+                   prompt=PROMPT):
   counts = np.zeros((V, V, V))
-  prompt = np.tile(np.array([PROMPT], np.int32), (ROWS, 1))
-  lengths = np.full((ROWS,), len(PROMPT), np.int32)
+  lengths = np.full((ROWS,), len(prompt), np.int32)
+  prompt = np.tile(np.array([prompt], np.int32), (ROWS, 1))
   for call in range(calls):
     out = asd_decode(target_fns, tparams, drafter, dparams, prompt, lengths, max_new_tokens=3,
                      rule="sample", sampling=sampling, seed=seed0 + call, capacity=16)
