@@ -110,10 +110,13 @@ def check_capacity(capacity: int, needed: int, what: str, *, window_needs: int |
   if needed > capacity:
     raise ValueError(f"{what} needs {needed} cache slots but the cache holds {capacity}; "
                      f"shorten the prompt, lower max_new_tokens or raise the capacity")
-  if window_needs is not None and capacity > round_up(max(window_needs, needed), bucket):
+  if window_needs is None:
+    return
+  usable = round_up(max(window_needs, needed), bucket)
+  if capacity > usable:
     raise ValueError(f"capacity={capacity} is more than any request to {model!r} can use "
-                     f"({round_up(max(window_needs, needed), bucket)} slots, from its context "
-                     f"window); lower the capacity or leave it unset")
+                     f"({usable} slots, from its context window); lower the capacity or leave "
+                     "it unset")
 
 
 def check_context(max_positions: int | None, lengths_B: np.ndarray, max_new_tokens: int,

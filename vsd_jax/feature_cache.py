@@ -26,14 +26,11 @@ from vsd_jax.dataset_builder import DatasetError, dataset_metadata, open_split
 from vsd_jax.objective_api import target_hidden
 
 
-def dataset_identity(data_dir) -> list:
-  """What tells one build of a dataset from another: the metadata (counts, token totals, the
-  generation run) and the number of train rows the cache is indexed by."""
-  return [dataset_metadata(data_dir), len(open_split(data_dir, "train"))]
-
-
-def cache_path(data_dir, target_source: str, layers: tuple[int, ...], seq_len: int) -> Path:
-  what = [target_source, list(layers), seq_len, dataset_identity(data_dir)]
+def cache_path(data_dir, target_source: str, layers: tuple[int, ...], seq_len: int,
+               train_rows: int) -> Path:
+  # The dataset's identity tells one build from another: its metadata (counts, token totals,
+  # the generation run) and the number of train rows the cache is indexed by.
+  what = [target_source, list(layers), seq_len, [dataset_metadata(data_dir), train_rows]]
   key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
   return Path(data_dir) / f"features_{key[:16]}.npy"
 
@@ -44,7 +41,8 @@ def load_or_build(data_dir, target, layers: tuple[int, ...], seq_len: int, batch
   if not layers:
     raise ValueError("this objective reads the target's logits, not hidden layers; offline "
                      "features need an EAGLE-3 or Medusa drafter (use features=online)")
-  path = cache_path(data_dir, target.source, layers, seq_len)
+  train_rows = len(open_split(data_dir, "train"))
+  path = cache_path(data_dir, target.source, layers, seq_len, train_rows)
   if not path.is_file():
     graphdef, params = nnx.split(target.model)
     fn = jax.jit(lambda p, b: target_hidden(graphdef, p, b, layers))
@@ -56,16 +54,15 @@ def load_or_build(data_dir, target, layers: tuple[int, ...], seq_len: int, batch
     log(f"building the offline feature cache {path} ({np.prod(shape) * 4 / 2**30:.2f} GiB)")
     at = 0
     for b in tqdm(batches, desc="target features", mininterval=5):
-      rows = int((b["length"] > 0).sum())
-      out[at:at + rows] = np.asarray(fn(params, {"tokens": b["tokens"]}))[:rows]
-      at += rows
+      real = int((b["length"] > 0).sum())  # the last batch is padded
+      out[at:at + real] = np.asarray(fn(params, {"tokens": b["tokens"]}))[:real]
+      at += real
     out.flush()
     del out
     os.replace(tmp, path)
   features = np.load(path, mmap_mode="r")
-  rows = len(open_split(data_dir, "train"))
-  if features.shape[:2] != (rows, seq_len):  # rows past the end would fail mid-run
+  if features.shape[:2] != (train_rows, seq_len):  # rows past the end would fail mid-run
     raise DatasetError(f"offline feature cache {path} holds {features.shape[0]} rows of "
-                       f"{features.shape[1]} tokens, the dataset {rows} of {seq_len}; delete it "
-                       "so it is rebuilt")
+                       f"{features.shape[1]} tokens, the dataset {train_rows} of {seq_len}; "
+                       "delete it so it is rebuilt")
   return features
