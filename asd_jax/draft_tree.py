@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from asd_jax.lm_api import LanguageModelFns
+from asd_jax.request_checks import check_positive_int
 from asd_jax.sampling import SamplingConfig, probabilities
 from asd_jax.sampling_keys import categorical_rows, split_keys
 
@@ -43,10 +44,10 @@ class TreeShape:
   num_nodes: int
 
   def __post_init__(self):
+    # An integral float (4.0) becomes 4, so that pool_size and window stay ints (as ChainDrafter
+    # does for K); NaN, None or a string is refused by name, not by int()'s own error.
     for name in ("depth", "top_k", "num_nodes"):
-      v = getattr(self, name)
-      if isinstance(v, bool) or int(v) != v or v <= 0:
-        raise ValueError(f"tree {name} must be a positive integer, got {v!r}")
+      object.__setattr__(self, name, check_positive_int(f"tree {name}", getattr(self, name)))
     if self.num_nodes > self.pool_size:
       raise ValueError(f"tree num_nodes={self.num_nodes} exceeds the {self.pool_size} "
                        f"candidates depth={self.depth}, top_k={self.top_k} can produce")

@@ -225,6 +225,12 @@ API = [
     # --- tree shapes ---------------------------------------------------------------------------
     ("TreeShape: nodes > pool", lambda: TreeShape(2, 2, 7), ValueError, "exceeds"),
     ("TreeShape: depth 0", lambda: TreeShape(0, 2, 2), ValueError, "depth"),
+    ("TreeShape: NaN depth", lambda: TreeShape(float("nan"), 2, 2), ValueError,
+     "tree depth must be a positive integer"),
+    ("TreeShape: top_k None", lambda: TreeShape(2, None, 2), ValueError,
+     "tree top_k must be a positive integer"),
+    ("TreeShape: nodes 2.5", lambda: TreeShape(2, 2, 2.5), ValueError,
+     "tree num_nodes must be a positive integer"),
     ("TreeShape: parse", lambda: TreeShape.parse("3,2"), ValueError, "DEPTH,TOPK,NODES"),
     ("tree verify: parents shape", lambda: tree_greedy_verify(
         np.zeros((1, 3), np.int32), np.array([[-1, 0]]), np.zeros((1, 4, V), np.float32)),

@@ -163,3 +163,11 @@ def test_tree_flag_parsing():
   assert TreeShape.parse("4,3,12") == TreeShape(4, 3, 12)
   with pytest.raises(ValueError, match="DEPTH,TOPK,NODES"):
     TreeShape.parse("4,3")
+
+
+def test_integral_float_tree_sizes_become_ints():
+  """4.0 is taken as 4 (as ChainDrafter takes K), so the derived sizes that shape the tree's
+  arrays are ints, not 14.0."""
+  shape = TreeShape(4.0, 2, 3.0)
+  assert shape == TreeShape(4, 2, 3)
+  assert type(shape.depth) is int and type(shape.pool_size) is int and type(shape.window) is int
