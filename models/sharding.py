@@ -56,7 +56,8 @@ def logical_to_spec(axes: tuple[str | None, ...], rules: Mapping[str, str | None
 
 
 def param_specs(params, mesh: Mesh, rules: Mapping[str, str | None] = RULES):
-  """A pytree of PartitionSpecs matching `params` (an NNX state), from LOGICAL_AXES."""
+  """A pytree of PartitionSpecs matching `params` (an NNX state, or any pytree whose paths end
+  in its parameters' names, such as an optax state), from LOGICAL_AXES."""
 
   def spec(path, leaf):
     names = [getattr(p, "key", getattr(p, "name", getattr(p, "idx", None))) for p in path]
