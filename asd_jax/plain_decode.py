@@ -13,15 +13,12 @@ import functools
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from asd_jax import request_checks
 from asd_jax.lm_api import LanguageModelFns
 from asd_jax.sampling import SamplingConfig, select_token
 from asd_jax.sampling_keys import row_keys, split_keys
 from asd_jax.token_stream import TokenStream, emit
-
-CAPACITY_BUCKET = 64
 
 # XLA's copy insertion with region analysis sees that a decode loop reads each KV-cache buffer
 # before it writes it (models/cached_attention.py), so it updates the buffer in place instead of
@@ -136,20 +133,14 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
   """
   request_checks.check_type("fns", fns, LanguageModelFns)
   request_checks.check_type("sampling", sampling, SamplingConfig)
-  prompt, lengths = request_checks.check_prompts(prompt_BxT, lengths_B, fns.vocab_size)
-  max_new_tokens = request_checks.check_positive_int("max_new_tokens", max_new_tokens)
-  request_checks.check_context(fns.max_positions, lengths, max_new_tokens, fns.name)
-  eos_ids = request_checks.check_eos_ids(eos_ids, fns.vocab_size)
-  needed = prompt.shape[1] + max_new_tokens
-  if capacity is None:
-    capacity = request_checks.round_up(needed, CAPACITY_BUCKET)
-  capacity = request_checks.check_positive_int("capacity", capacity)
-  request_checks.check_capacity(capacity, needed, "prompt + max_new_tokens",
-                                window_needs=fns.max_positions, bucket=CAPACITY_BUCKET,
-                                model=fns.name)
-  max_new_B = request_checks.check_max_new_per_row(max_new_B, prompt.shape[0], max_new_tokens)
+  prompt, lengths, max_new_tokens, eos_ids, max_new_B = request_checks.check_request_tokens(
+      fns, prompt_BxT, lengths_B, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
+      max_new_B=max_new_B)
+  capacity = request_checks.resolve_capacity(
+      capacity, prompt.shape[1] + max_new_tokens, "prompt + max_new_tokens",
+      window_needs=fns.max_positions, model=fns.name)
   request_checks.check_param_shapes("params", params, fns.param_shapes, fns.name)
   return _plain_decode(fns, params, jnp.asarray(prompt), jnp.asarray(lengths),
                        jnp.asarray(max_new_B), row_keys(seed, prompt.shape[0]),
-                       max_new_tokens=max_new_tokens, capacity=int(capacity), eos_ids=eos_ids,
+                       max_new_tokens=max_new_tokens, capacity=capacity, eos_ids=eos_ids,
                        sampling=sampling, stream=stream)

@@ -14,6 +14,11 @@ import jax
 import numpy as np
 
 
+# Default capacities are rounded up to this many slots, so nearby request sizes share one
+# compiled program.
+CAPACITY_BUCKET = 64
+
+
 def check_type(name: str, value, expected: type) -> None:
   """A wrong object (a dict for a config, None for the model) fails here by name, not later as
   an AttributeError deep in the engine."""
@@ -147,6 +152,32 @@ def check_eos_ids(eos_ids, vocab_size: int) -> tuple[int, ...]:
     if not 0 <= e < vocab_size:
       raise ValueError(f"eos id {e} is outside the vocabulary [0, {vocab_size})")
   return ids
+
+
+def check_request_tokens(fns, prompt_BxT, lengths_B, *, max_new_tokens, eos_ids, max_new_B):
+  """The checks every decode engine makes on a request's tokens and limits, against the
+  target's functions `fns` (vocab_size, max_positions, name).
+
+  Returns (prompt int32[B, T], lengths int32[B], max_new_tokens, eos_ids, max_new_B int32[B]).
+  """
+  prompt, lengths = check_prompts(prompt_BxT, lengths_B, fns.vocab_size)
+  max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
+  check_context(fns.max_positions, lengths, max_new_tokens, fns.name)
+  eos_ids = check_eos_ids(eos_ids, fns.vocab_size)
+  max_new_B = check_max_new_per_row(max_new_B, prompt.shape[0], max_new_tokens)
+  return prompt, lengths, max_new_tokens, eos_ids, max_new_B
+
+
+def resolve_capacity(capacity, needed: int, what: str, *, window_needs: int | None,
+                     model: str) -> int:
+  """The KV-cache slots per row: `capacity` as given, or `needed` rounded up to
+  CAPACITY_BUCKET; checked by check_capacity either way."""
+  if capacity is None:
+    capacity = round_up(needed, CAPACITY_BUCKET)
+  capacity = check_positive_int("capacity", capacity)
+  check_capacity(capacity, needed, what, window_needs=window_needs, bucket=CAPACITY_BUCKET,
+                 model=model)
+  return capacity
 
 
 def round_up(n: int, multiple: int) -> int:

@@ -19,17 +19,16 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from asd_jax import request_checks
-from asd_jax.asd_config import ASDConfig
-from asd_jax.asd_verify import asd_verify_traced
+from asd_jax.asd_config import PAPER, ASDConfig
+from asd_jax.asd_verify import asd_verify_traced, config_scalars
 from asd_jax.decode_rounds import (RoundState, SpecDecodeResult, commit_round, finish,
                                    initial_state)
 from asd_jax.drafter_api import ChainDrafter
 from asd_jax.greedy_verify import greedy_verify
 from asd_jax.lm_api import LanguageModelFns
-from asd_jax.plain_decode import CAPACITY_BUCKET, DECODE_LOOP_COMPILER_OPTIONS
+from asd_jax.plain_decode import DECODE_LOOP_COMPILER_OPTIONS
 from asd_jax.sampling import SamplingConfig, select_token
 from asd_jax.sampling_keys import row_keys, split_keys
 from asd_jax.spec_sampling import sample_without_draft, speculative_sample
@@ -154,7 +153,7 @@ def required_capacity(prompt_width: int, max_new_tokens: int, num_draft: int) ->
 
 def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, drafter_params,
                prompt_BxT, lengths_B, *, max_new_tokens: int, rule: str = "strict",
-               asd_config: ASDConfig = ASDConfig(budget=8.0, gate=0.25, max_exceptions=2),
+               asd_config: ASDConfig = PAPER,
                sampling: SamplingConfig = SamplingConfig(), eos_ids=(), seed: int = 0,
                max_new_B=None, capacity: int | None = None,
                stream: TokenStream | None = None) -> SpecDecodeResult:
@@ -232,29 +231,23 @@ def prepare_request(target: LanguageModelFns, drafter_vocab: int, prompt_BxT, le
   if rule in ("strict", "asd") and not sampling.greedy:
     raise ValueError(f"rule {rule!r} is greedy (temperature 0); use rule='sample' for "
                      f"temperature {sampling.temperature}")
-  prompt, lengths = request_checks.check_prompts(prompt_BxT, lengths_B, target.vocab_size)
-  max_new_tokens = request_checks.check_positive_int("max_new_tokens", max_new_tokens)
-  request_checks.check_context(target.max_positions, lengths, max_new_tokens, target.name)
+  prompt, lengths, max_new_tokens, eos_ids, max_new_B = request_checks.check_request_tokens(
+      target, prompt_BxT, lengths_B, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
+      max_new_B=max_new_B)
   if target.max_positions is not None and lookahead >= target.max_positions:
     # Each round scores `lookahead` positions at once; a block longer than the context window
     # can never be accepted and would only allocate a cache that large.
     raise ValueError(f"{what} scores {lookahead} draft positions per round, not fewer than the "
                      f"context window of {target.name!r} ({target.max_positions} positions); "
                      f"draft fewer tokens")
-  eos_ids = request_checks.check_eos_ids(eos_ids, target.vocab_size)
-  needed = required_capacity(prompt.shape[1], max_new_tokens, lookahead)
-  if capacity is None:
-    capacity = request_checks.round_up(needed, CAPACITY_BUCKET)
-  capacity = request_checks.check_positive_int("capacity", capacity)
   window_needs = (None if target.max_positions is None
                   else required_capacity(target.max_positions, 0, lookahead))
-  request_checks.check_capacity(capacity, needed, f"prompt + max_new_tokens + lookahead + 1 "
-                                f"({what})", window_needs=window_needs, bucket=CAPACITY_BUCKET,
-                                model=target.name)
-  max_new_B = request_checks.check_max_new_per_row(max_new_B, prompt.shape[0], max_new_tokens)
-  asd_scalars = (np.float32(asd_config.budget), np.float32(asd_config.gate),
-                 np.int32(asd_config.max_exceptions))
-  arrays = (jnp.asarray(prompt), jnp.asarray(lengths), jnp.asarray(max_new_B), asd_scalars,
+  capacity = request_checks.resolve_capacity(
+      capacity, required_capacity(prompt.shape[1], max_new_tokens, lookahead),
+      f"prompt + max_new_tokens + lookahead + 1 ({what})", window_needs=window_needs,
+      model=target.name)
+  arrays = (jnp.asarray(prompt), jnp.asarray(lengths), jnp.asarray(max_new_B),
+            config_scalars(asd_config),
             row_keys(seed, prompt.shape[0]))
   loop_rule = "strict" if rule == "sample" and sampling.greedy else rule
-  return PreparedRequest(arrays, max_new_tokens, int(capacity), eos_ids, loop_rule)
+  return PreparedRequest(arrays, max_new_tokens, capacity, eos_ids, loop_rule)

@@ -17,7 +17,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from asd_jax.asd_config import ASDConfig
+from asd_jax.asd_config import PAPER, ASDConfig
 from asd_jax.decode_rounds import (RoundState, SpecDecodeResult, commit_round, finish,
                                    initial_state)
 from asd_jax.draft_tree import TreeDrafter
@@ -164,7 +164,7 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
 def asd_tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter,
                     drafter_params, prompt_BxT, lengths_B, *, max_new_tokens: int,
                     rule: str = "strict",
-                    asd_config: ASDConfig = ASDConfig(budget=8.0, gate=0.25, max_exceptions=2),
+                    asd_config: ASDConfig = PAPER,
                     sampling: SamplingConfig = SamplingConfig(), eos_ids=(), seed: int = 0,
                     max_new_B=None, capacity: int | None = None,
                     stream: TokenStream | None = None) -> SpecDecodeResult:
