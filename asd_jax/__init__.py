@@ -7,6 +7,7 @@ from asd_jax.asd_config import EXPLORATORY, PAPER, STRICT, ASDConfig
 from asd_jax.asd_verify import asd_verify, asd_verify_traced
 from asd_jax.calibrate import calibrate_asd, first_rejection_ratios
 from asd_jax.decode_stats import DecodeStats
+from asd_jax.draft_tree import TreeDrafter, TreeShape, lm_tree_drafter
 from asd_jax.drafter_api import ChainDrafter, lm_chain_drafter
 from asd_jax.greedy_verify import greedy_verify
 from asd_jax.lm_api import LanguageModelFns
@@ -32,5 +33,6 @@ __all__ = [
     "calibrate_asd", "first_rejection_ratios",
     "LanguageModelFns", "ChainDrafter", "lm_chain_drafter", "ngram_drafter", "SamplingConfig",
     "plain_decode", "DecodeResult", "asd_decode", "asd_tree_decode", "SpecDecodeResult",
+    "TreeShape", "TreeDrafter", "lm_tree_drafter",
     "DecodeStats", "TokenStream",
 ]

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from asd_jax.lm_api import LanguageModelFns
-from asd_jax.request_checks import check_positive_int
+from asd_jax.request_checks import check_positive_int, check_type
 from asd_jax.sampling import SamplingConfig, probabilities
 from asd_jax.sampling_keys import categorical_rows, split_keys
 
@@ -206,6 +206,10 @@ def grow_dynamic_tree(root_logits_BxV, expand, carry_root, shape: TreeShape, sam
 
 def lm_tree_drafter(fns: LanguageModelFns, shape: TreeShape) -> TreeDrafter:
   """A dynamic-tree drafter from any language model with `tree_forward` (own KV cache)."""
+  check_type("fns", fns, LanguageModelFns)
+  if not isinstance(shape, TreeShape):
+    raise TypeError(f"shape must be a TreeShape, e.g. TreeShape(depth=4, top_k=4, num_nodes=16) "
+                    f"or TreeShape.parse('4,4,16'), got {shape!r}")
   if fns.tree_forward is None:
     raise ValueError(f"model {fns.name!r} has no tree_forward; it cannot draft trees")
 

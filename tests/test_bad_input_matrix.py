@@ -248,6 +248,10 @@ API = [
      "tree_forward"),
     ("tree drafter: model without tree_forward", lambda: lm_tree_drafter(T, TreeShape(2, 2, 3)),
      ValueError, "tree_forward"),
+    ("tree drafter: shape as a tuple", lambda: lm_tree_drafter(_decoder(0, 16)[0], (3, 2, 6)),
+     TypeError, "shape must be a TreeShape"),
+    ("tree drafter: not a model", lambda: lm_tree_drafter(object(), TreeShape(2, 2, 3)),
+     TypeError, "fns must be LanguageModelFns"),
     # these failed late (JAX's bare top_k error) or ran for minutes and gigabytes
     ("tree drafter: top_k above the vocabulary", lambda: lm_tree_drafter(
         _decoder(0, 16)[0], TreeShape(2, V + 1, 3)), ValueError,
