@@ -18,7 +18,7 @@ from asd_jax import request_checks
 from asd_jax.lm_api import LanguageModelFns
 from asd_jax.sampling import SamplingConfig, select_token
 from asd_jax.sampling_keys import row_keys, split_keys
-from asd_jax.token_stream import TokenStream, emit
+from asd_jax.token_stream import TokenStream, emit, finish_stream, start_stream
 
 # XLA's copy insertion with region analysis sees that a decode loop reads each KV-cache buffer
 # before it writes it (models/cached_attention.py), so it updates the buffer in place instead of
@@ -140,7 +140,9 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
       capacity, prompt.shape[1] + max_new_tokens, "prompt + max_new_tokens",
       window_needs=fns.max_positions, model=fns.name)
   request_checks.check_param_shapes("params", params, fns.param_shapes, fns.name)
-  return _plain_decode(fns, params, jnp.asarray(prompt), jnp.asarray(lengths),
-                       jnp.asarray(max_new_B), row_keys(seed, prompt.shape[0]),
-                       max_new_tokens=max_new_tokens, capacity=capacity, eos_ids=eos_ids,
-                       sampling=sampling, stream=stream)
+  start_stream(stream)
+  result = _plain_decode(fns, params, jnp.asarray(prompt), jnp.asarray(lengths),
+                         jnp.asarray(max_new_B), row_keys(seed, prompt.shape[0]),
+                         max_new_tokens=max_new_tokens, capacity=capacity, eos_ids=eos_ids,
+                         sampling=sampling, stream=stream)
+  return finish_stream(stream, result)

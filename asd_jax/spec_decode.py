@@ -32,7 +32,7 @@ from asd_jax.plain_decode import DECODE_LOOP_COMPILER_OPTIONS
 from asd_jax.sampling import SamplingConfig, select_token
 from asd_jax.sampling_keys import row_keys, split_keys
 from asd_jax.spec_sampling import sample_without_draft, speculative_sample
-from asd_jax.token_stream import TokenStream
+from asd_jax.token_stream import TokenStream, finish_stream, start_stream
 from asd_jax.verify_output import VerifyOutput
 
 RULES = ("strict", "asd", "sample")
@@ -164,7 +164,8 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
     drafter, drafter_params: a `ChainDrafter` (K = drafter.num_draft) and its parameters.
     prompt_BxT, lengths_B: right-padded prompts (each >= 1 token).
     max_new_tokens: output buffer size (static); max_new_B optionally lowers it per row.
-    rule: "strict" (greedy verification; output == plain greedy decoding), "asd" (ASD with
+    rule: "strict" (greedy verification; output == plain greedy decoding, in bfloat16 up to
+      near-ties: a K+1-token block rounds otherwise than one-token steps), "asd" (ASD with
       `asd_config`; the ledger persists across rounds for the whole request) or "sample"
       (lossless speculative sampling with `sampling`; output distributed as plain sampling;
       at temperature 0 that is greedy decoding, and it runs as "strict").
@@ -189,10 +190,12 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
                         max_new_tokens=max_new_tokens, max_new_B=max_new_B, capacity=capacity,
                         lookahead=drafter.num_draft, what=f"K={drafter.num_draft}", seed=seed)
   check_params(target, target_params, drafter, drafter_params)
-  return _asd_decode(target, target_params, drafter, drafter_params, *req.arrays,
-                     rule=req.rule, sampling=sampling, normalize_q=asd_config.normalize_q,
-                     max_new_tokens=req.max_new_tokens, capacity=req.capacity,
-                     eos_ids=req.eos_ids, stream=stream)
+  start_stream(stream)
+  result = _asd_decode(target, target_params, drafter, drafter_params, *req.arrays,
+                       rule=req.rule, sampling=sampling, normalize_q=asd_config.normalize_q,
+                       max_new_tokens=req.max_new_tokens, capacity=req.capacity,
+                       eos_ids=req.eos_ids, stream=stream)
+  return finish_stream(stream, result)
 
 
 def check_params(target: LanguageModelFns, target_params, drafter, drafter_params) -> None:

@@ -6,6 +6,10 @@ buffer and each row's generated count before and after. Without a stream nothing
 so the non-streaming program is unchanged. The callback blocks the loop while it runs: keep
 `on_tokens` cheap (print, queue.put).
 
+An exception raised by `on_tokens` cannot cross the compiled loop (XLA would turn it into an
+INTERNAL runtime error): the stream keeps the first one, calls `on_tokens` no more for that
+decode call, and the engine raises it, the caller's own exception, once the loop has finished.
+
 Shape notation: B rows, W output buffer width.
 """
 
@@ -28,6 +32,9 @@ class TokenStream:
   """
 
   on_tokens: Callable[[int, list[int]], None]
+  # The first exception on_tokens raised in the current decode call (a one-item list, so
+  # that the frozen dataclass can hold it).
+  _error: list = dataclasses.field(default_factory=list, init=False, repr=False)
 
   def __post_init__(self):
     # Otherwise a non-callable fails inside the running loop as an XLA INTERNAL error.
@@ -36,9 +43,34 @@ class TokenStream:
                       f"{type(self.on_tokens).__name__}")
 
   def _deliver(self, tokens_BxW, before_B, after_B) -> None:
+    if self._error:
+      return
     tokens_BxW, before_B, after_B = (np.asarray(x) for x in (tokens_BxW, before_B, after_B))
-    for row in np.flatnonzero(after_B > before_B):
-      self.on_tokens(int(row), tokens_BxW[row, before_B[row]:after_B[row]].tolist())
+    try:
+      for row in np.flatnonzero(after_B > before_B):
+        self.on_tokens(int(row), tokens_BxW[row, before_B[row]:after_B[row]].tolist())
+    except Exception as e:  # noqa: BLE001 - re-raised by finish_stream, unchanged
+      self._error.append(e)
+
+
+def start_stream(stream: TokenStream | None) -> None:
+  """At the Python boundary of a decode call: checks the argument (a list or a function would
+  otherwise fail as an unhashable static argument) and clears a previous call's error."""
+  if stream is None:
+    return
+  if not isinstance(stream, TokenStream):
+    raise TypeError(f"stream must be a TokenStream, got {type(stream).__name__}")
+  stream._error.clear()
+
+
+def finish_stream(stream: TokenStream | None, result):
+  """Returns `result`; with a stream, first waits for the loop to finish and raises the first
+  exception `on_tokens` raised during it."""
+  if stream is not None:
+    jax.block_until_ready(result)
+    if stream._error:
+      raise stream._error[0]
+  return result
 
 
 def emit(stream: TokenStream | None, tokens_BxW: jax.Array, before_B: jax.Array,

@@ -28,7 +28,7 @@ from asd_jax.sampling import SamplingConfig
 from asd_jax.sampling_keys import split_keys
 from asd_jax.spec_decode import check_params, prepare_request
 from asd_jax.spec_sampling import tree_speculative_sample
-from asd_jax.token_stream import TokenStream
+from asd_jax.token_stream import TokenStream, finish_stream, start_stream
 from asd_jax.tree_verify import tree_asd_verify_traced, tree_greedy_verify, tree_paths
 
 
@@ -170,7 +170,8 @@ def asd_tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafte
                     stream: TokenStream | None = None) -> SpecDecodeResult:
   """Tree speculative decoding; the same contract and guarantees as `asd_decode`.
 
-  strict (and asd at budget 0) give exactly the target's greedy output; sample is lossless
+  strict (and asd at budget 0) give exactly the target's greedy output (in bfloat16, up to
+  near-ties, as asd_decode); sample is lossless
   when the drafter draws children i.i.d. (lm_tree_drafter does under sampling). DecodeStats'
   per-position acceptance is per tree depth.
   """
@@ -189,7 +190,9 @@ def asd_tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafte
                         max_new_tokens=max_new_tokens, max_new_B=max_new_B, capacity=capacity,
                         lookahead=lookahead, what=f"tree {shape}", seed=seed)
   check_params(target, target_params, drafter, drafter_params)
-  return _tree_decode(target, target_params, drafter, drafter_params, *req.arrays,
-                      rule=req.rule, sampling=sampling, normalize_q=asd_config.normalize_q,
-                      max_new_tokens=req.max_new_tokens, capacity=req.capacity,
-                      eos_ids=req.eos_ids, stream=stream)
+  start_stream(stream)
+  result = _tree_decode(target, target_params, drafter, drafter_params, *req.arrays,
+                        rule=req.rule, sampling=sampling, normalize_q=asd_config.normalize_q,
+                        max_new_tokens=req.max_new_tokens, capacity=req.capacity,
+                        eos_ids=req.eos_ids, stream=stream)
+  return finish_stream(stream, result)

@@ -67,10 +67,39 @@ def test_streamed_tokens_equal_the_result(engine):
   np.testing.assert_array_equal(plain_result.tokens_BxN, result.tokens_BxN)
 
 
-def test_a_wrong_stream_object_is_refused():
+@pytest.mark.parametrize("stream", [print, [], {}], ids=["function", "list", "dict"])
+def test_a_wrong_stream_object_is_refused(stream):
   prompt, lengths = random_prompts(np.random.RandomState(2), 1, 5, VOCAB)
-  with pytest.raises(TypeError, match="TokenStream"):
-    plain_decode(_FNS, _PARAMS, prompt, lengths, max_new_tokens=3, stream=print)
+  with pytest.raises(TypeError, match="stream must be a TokenStream"):
+    plain_decode(_FNS, _PARAMS, prompt, lengths, max_new_tokens=3, stream=stream)
+
+
+class _Boom(Exception):
+  pass
+
+
+@pytest.mark.parametrize("engine", ["plain", "chain", "tree"])
+def test_the_callbacks_own_exception_reaches_the_caller(engine):
+  """XLA cannot carry a Python exception out of the loop (it became an INTERNAL runtime
+  error); the engine raises the callback's own exception after the loop, calls the callback
+  no more once it has raised, and the same stream works again on the next call."""
+  _, decode, _ = next(e for e in _engines() if e[0] == engine)
+  prompt, lengths = random_prompts(np.random.RandomState(3), 2, 8, VOCAB)
+  calls = []
+
+  def on_tokens(row, tokens):
+    calls.append(row)
+    if fail:
+      raise _Boom(f"row {row}")
+
+  stream = TokenStream(on_tokens)
+  fail = True
+  with pytest.raises(_Boom, match="row"):
+    decode(prompt_BxT=prompt, lengths_B=lengths, max_new_tokens=12, stream=stream)
+  assert len(calls) == 1
+  fail, calls[:] = False, []
+  result = decode(prompt_BxT=prompt, lengths_B=lengths, max_new_tokens=12, stream=stream)
+  assert len(calls) > 1 and int(result.num_generated_B[0]) == 12
 
 
 class _ByteTokenizer:
