@@ -1,13 +1,14 @@
 """The research scripts refuse bad flags with one `error:` line and exit code 2 before they load
-the target or decode anything: scripts/build_ngram_store.py, scripts/drafter_tau.py and
-scripts/simulate_ngram_widths.py (their results come after minutes of decoding, so a typo must
-not cost them)."""
+the target or decode anything: scripts/build_ngram_store.py, scripts/drafter_tau.py,
+scripts/simulate_ngram_widths.py and scripts/strict_vs_plain_dtypes.py (their results come
+after minutes of decoding, so a typo must not cost them)."""
 
 import json
 
 import pytest
 
-from scripts import build_ngram_store, drafter_tau, simulate_ngram_widths
+from scripts import (build_ngram_store, drafter_tau, simulate_ngram_widths,
+                     strict_vs_plain_dtypes)
 
 COST = json.dumps({w: 1.0 + 0.1 * w for w in range(8)})
 
@@ -118,6 +119,22 @@ SIMULATE = [
 def test_simulate_ngram_widths(argv, message, paths, capsys):
   base = ["--answers", "{answers}", "--cost", COST]
   assert_one_line_error(*run(simulate_ngram_widths.main, base + argv, paths, capsys), message)
+
+
+DTYPES = [
+    (["--k", "0"], "--k must be positive, got 0"),
+    (["--num-prompts", "-1"], "--num-prompts must be positive, got -1"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be positive, got 0"),
+    (["--dtypes", "float16"], "--dtypes: unknown ['float16']"),
+    (["--dtypes", "float32,,bfloat16"], "has an empty entry"),
+    (["--suite", "foo"], "unknown suite 'foo'"),
+    (["--json", "{a_folder}"], "is a folder, not a file"),
+]
+
+
+@pytest.mark.parametrize("argv, message", DTYPES, ids=[" ".join(a) for a, _ in DTYPES])
+def test_strict_vs_plain_dtypes(argv, message, paths, capsys):
+  assert_one_line_error(*run(strict_vs_plain_dtypes.main, argv, paths, capsys), message)
 
 
 def test_simulate_checks_cost_before_decoding_answers(paths, capsys):
