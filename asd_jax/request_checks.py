@@ -54,7 +54,11 @@ def check_param_shapes(what: str, params, expected: ParamShapes | None, model: s
 
 def check_prompts(prompt_BxT, lengths_B, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
   """Checks right-padded prompts; returns them as int32 numpy arrays."""
-  prompt = np.asarray(prompt_BxT)
+  try:
+    prompt = np.asarray(prompt_BxT)
+  except ValueError:  # numpy's "inhomogeneous shape" for rows of different lengths
+    raise ValueError("prompt tokens must be a rectangular int[B, T]: right-pad the rows to one "
+                     "width and give each row's length in lengths_B") from None
   lengths = np.asarray(lengths_B)
   if prompt.ndim != 2:
     raise ValueError(f"prompt tokens must be int[B, T], got shape {prompt.shape}")

@@ -58,6 +58,13 @@ def row_keys(seed, batch: int) -> jax.Array:
   same output alone or in any batch. An int s is shorthand for distinct streams: row b gets
   the key of stream b of s, and row 0 equals the request run alone with seed s.
   """
+  if isinstance(seed, jax.Array) and (jax.dtypes.issubdtype(seed.dtype, jax.dtypes.prng_key)
+                                      or seed.dtype == jnp.uint32):
+    # A raw key (jax.random.PRNGKey(42) is uint32 [0, 42]) would be read as two per-row seeds
+    # for a batch of 2, and a typed key fails inside numpy without naming `seed`.
+    raise TypeError(f"seed takes integer seeds, not a JAX PRNG key (got a {seed.dtype} array "
+                    f"of shape {seed.shape}): pass an int or int[{batch}] (one per request), "
+                    f"as Python or numpy integers")
   seeds = np.asarray(seed)
   if not np.issubdtype(seeds.dtype, np.integer) or seeds.dtype == np.bool_:
     raise TypeError(f"seed must be an int or int[{batch}] (one per request), got {seed!r}")

@@ -122,6 +122,14 @@ API = [
     ("decode: eos id >= V", decode(eos_ids=(V,)), ValueError, "eos id"),
     ("decode: seed per row, wrong count", decode(seed=np.array([1, 2])), ValueError,
      "one per request"),
+    # a raw key [0, 42] was read as two per-row seeds for a batch of two
+    ("plain: a PRNG key as seed", lambda: plain_decode(
+        T, None, np.array([[1, 2], [3, 4]]), np.array([2, 2]), max_new_tokens=2,
+        seed=jax.random.PRNGKey(42)), TypeError, "not a JAX PRNG key"),
+    ("decode: a typed PRNG key as seed", decode(seed=jax.random.key(0)), TypeError,
+     "not a JAX PRNG key"),
+    ("decode: ragged prompt rows", decode(prompt_BxT=[[1, 2, 3], [4]], lengths_B=[3, 1]),
+     ValueError, "right-pad the rows"),
     ("plain: empty prompt", lambda: plain_decode(T, None, P, np.array([0]), max_new_tokens=2),
      ValueError, "empty prompt"),
     ("plain: prompt too long", lambda: plain_decode(T, None, P, N, max_new_tokens=4,
