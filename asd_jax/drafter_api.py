@@ -79,6 +79,22 @@ class ChainDrafter:
     return tuple(self.verify_widths) + (self.num_draft,)
 
 
+def check_proposal(drafter: ChainDrafter, draft_BxK, draft_logits, batch: int, *,
+                   sampled: bool) -> None:
+  """At trace time (shapes are static): propose's result must be what the engine reads, so a
+  custom drafter's mistake is named here, not met as a broadcasting error in a verifier."""
+  want = (batch, drafter.num_draft)
+  if tuple(draft_BxK.shape) != want or not jnp.issubdtype(draft_BxK.dtype, jnp.integer):
+    raise ValueError(f"drafter {drafter.name!r}: propose returned draft tokens "
+                     f"{draft_BxK.dtype}{list(draft_BxK.shape)}, the engine needs int"
+                     f"{list(want)} (rows, K = num_draft)")
+  want = (batch, drafter.num_draft, drafter.vocab_size)
+  if sampled and (draft_logits is None or tuple(draft_logits.shape) != want):
+    got = None if draft_logits is None else list(draft_logits.shape)
+    raise ValueError(f"drafter {drafter.name!r}: rule 'sample' reads the draft distribution, so "
+                     f"propose must return draft logits float{list(want)}, got {got}")
+
+
 def lm_chain_drafter(fns: LanguageModelFns, num_draft: int) -> ChainDrafter:
   """A drafter that runs a language model autoregressively for K tokens (its own KV cache)."""
   if not isinstance(fns, LanguageModelFns):

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+import jax.numpy as jnp
+
 Params = Any
 Cache = Any
 
@@ -54,3 +56,14 @@ class LanguageModelFns:
   tree_forward: Callable[..., tuple[Any, Any, Cache]] | None = None
   move_slots: Callable[..., Cache] | None = None
   param_shapes: tuple | None = None
+
+
+def check_logits(fns: LanguageModelFns, logits, want: tuple[int, ...], call: str):
+  """At trace time (shapes are static): `call`'s logits must be float `want`, whose last axis
+  is fns.vocab_size. A model whose head is wider than the vocabulary it declares would
+  otherwise emit ids the engine's checks never allowed. Returns `logits`."""
+  if tuple(logits.shape) != want or not jnp.issubdtype(logits.dtype, jnp.floating):
+    raise ValueError(f"model {fns.name!r}: {call} returned logits {logits.dtype}"
+                     f"{list(logits.shape)}, the engine needs float{list(want)} (vocab_size "
+                     f"{fns.vocab_size})")
+  return logits

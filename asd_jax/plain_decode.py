@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from asd_jax import request_checks
-from asd_jax.lm_api import LanguageModelFns
+from asd_jax.lm_api import LanguageModelFns, check_logits
 from asd_jax.sampling import SamplingConfig, select_token
 from asd_jax.sampling_keys import row_keys, split_keys
 from asd_jax.token_stream import TokenStream, emit, finish_stream, start_stream
@@ -84,6 +84,7 @@ def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_
   b = prompt_BxT.shape[0]
   cache = fns.init_cache(b, capacity)
   logits_BxV, _, cache = fns.prefill(params, prompt_BxT, lengths_B, cache)
+  check_logits(fns, logits_BxV, (b, fns.vocab_size), "prefill")
   rng, sub = split_keys(rng, 2)
   state = _LoopState(
       step=jnp.zeros((), jnp.int32),
@@ -105,6 +106,7 @@ def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_
     position_B = lengths_B + jnp.maximum(s.num_generated_B - 1, 0)
     logits_Bx1xV, _, cache = fns.forward(params, jnp.maximum(last_B, 0)[:, None],
                                          position_B[:, None], s.cache)
+    check_logits(fns, logits_Bx1xV, (b, 1, fns.vocab_size), "forward")
     rng, sub = split_keys(s.rng, 2)
     s = s.replace(step=s.step + 1, cache=cache, rng=rng)
     return _emit(s, logits_Bx1xV[:, 0], sub, max_new_B, eos_ids, sampling, stream)

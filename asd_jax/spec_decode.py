@@ -25,9 +25,9 @@ from asd_jax.asd_config import PAPER, ASDConfig
 from asd_jax.asd_verify import asd_verify_traced, config_scalars
 from asd_jax.decode_rounds import (RoundState, SpecDecodeResult, commit_round, finish,
                                    initial_state)
-from asd_jax.drafter_api import ChainDrafter
+from asd_jax.drafter_api import ChainDrafter, check_proposal
 from asd_jax.greedy_verify import greedy_verify
-from asd_jax.lm_api import LanguageModelFns
+from asd_jax.lm_api import LanguageModelFns, check_logits
 from asd_jax.plain_decode import DECODE_LOOP_COMPILER_OPTIONS
 from asd_jax.sampling import SamplingConfig, select_token
 from asd_jax.sampling_keys import row_keys, split_keys
@@ -77,6 +77,7 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
   target_cache = target.init_cache(b, capacity)
   first_logits_BxV, _, target_cache = target.prefill(target_params, prompt_BxT, lengths_B,
                                                      target_cache)
+  check_logits(target, first_logits_BxV, (b, target.vocab_size), "prefill")
   drafter_state = drafter.prefill(drafter_params, prompt_BxT, lengths_B, capacity)
   state = initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampling,
                         eos_ids, max_new_tokens=max_new_tokens, depth=k,
@@ -94,6 +95,7 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
     positions_BxW1 = s.committed_B[:, None] - 1 + jnp.arange(width + 1)
     target_logits, _, target_cache = target.forward(target_params, block_BxW1, positions_BxW1,
                                                     s.target_cache)
+    check_logits(target, target_logits, (b, width + 1, target.vocab_size), "forward")
     verdict = _verify(rule, draft_BxW, None if draft_logits is None else draft_logits[:, :width],
                       target_logits, s.stats.asd_spent_B, asd_scalars, k_verify, sampling,
                       normalize_q, draft_lengths_B=lengths_B, noise_slots=k)
@@ -105,6 +107,7 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
     del draft_BxK, draft_logits, lengths_B
     logits_Bx1xV, _, target_cache = target.forward(
         target_params, s.recent_Bx2[:, 1:], s.committed_B[:, None] - 1, s.target_cache)
+    check_logits(target, logits_Bx1xV, (b, 1, target.vocab_size), "forward")
     logits_BxV = logits_Bx1xV[:, 0]
     if rule == "sample":  # the token a wider round would sample for an empty draft
       next_B = sample_without_draft(logits_BxV, k_verify, k, temperature=sampling.temperature,
@@ -122,6 +125,7 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
     positions_Bx2 = s.committed_B[:, None] + jnp.array([-2, -1])
     draft_BxK, draft_logits, drafter_state = drafter.propose(
         drafter_params, s.drafter_state, s.recent_Bx2, positions_Bx2, k_draft, sampling)
+    check_proposal(drafter, draft_BxK, draft_logits, b, sampled=rule == "sample")
     if drafter.draft_length is None:
       target_cache, verdict = verify_round(k, s, draft_BxK, draft_logits, k_verify, None)
     else:

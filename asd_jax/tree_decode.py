@@ -21,7 +21,7 @@ from asd_jax.asd_config import PAPER, ASDConfig
 from asd_jax.decode_rounds import (RoundState, SpecDecodeResult, commit_round, finish,
                                    initial_state)
 from asd_jax.draft_tree import TreeDrafter
-from asd_jax.lm_api import LanguageModelFns
+from asd_jax.lm_api import LanguageModelFns, check_logits
 from asd_jax.plain_decode import DECODE_LOOP_COMPILER_OPTIONS
 from asd_jax.request_checks import check_type
 from asd_jax.sampling import SamplingConfig
@@ -96,6 +96,7 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
   target_cache = target.init_cache(b, capacity)
   first_logits_BxV, hidden, target_cache = target.prefill(target_params, prompt_BxT, lengths_B,
                                                           target_cache)
+  check_logits(target, first_logits_BxV, (b, target.vocab_size), "prefill")
   features_BxSxF = None
   if drafter.feature_layers:
     prompt_features = _flat_features(hidden, drafter.feature_layers)
@@ -132,6 +133,7 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
     positions_BxT = (n_B - 1)[:, None] + depth_BxT
     target_logits, hidden, target_cache = target.tree_forward(
         target_params, block_BxT, positions_BxT, slots_BxT, visible_BxTxS, s.target_cache)
+    check_logits(target, target_logits, block_BxT.shape + (target.vocab_size,), "tree_forward")
     verdict = _verify_tree(rule, tokens_BxN, parents_BxN, draft_logits, target_logits,
                            s.stats.asd_spent_B, asd_scalars, k_verify, sampling, normalize_q,
                            depth)

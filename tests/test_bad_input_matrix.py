@@ -12,6 +12,7 @@ import dataclasses
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -222,6 +223,23 @@ API = [
         DRAFT, LOGITS, SPENT, temperature=1e39), ValueError, "outside float32's normal range"),
     ("decode: greedy rule with temperature", decode(sampling=SamplingConfig(temperature=1.0)),
      ValueError, "rule='sample'"),
+    # --- custom models and drafters that break their contract (named at trace time) ---------
+    # a head wider than the declared vocabulary emitted ids past it
+    ("plain: logits wider than vocab_size", lambda: plain_decode(
+        dataclasses.replace(fake_lm(V + 16), vocab_size=V), None, P, N, max_new_tokens=2),
+     ValueError, "prefill returned logits float32[1, 48], the engine needs float[1, 32]"),
+    ("decode: logits wider than vocab_size", decode(
+        target=dataclasses.replace(fake_lm(V + 16), vocab_size=V)), ValueError,
+     "returned logits float32[1, 48]"),
+    # these failed as a bare broadcasting TypeError / a dtype-object error in the verifier
+    ("decode: drafter proposes K + 2 tokens", decode(drafter=dataclasses.replace(
+        D, propose=lambda p, st, *a: (jnp.zeros((1, 4), jnp.int32), None, st))), ValueError,
+     "propose returned draft tokens int32[1, 4], the engine needs int[1, 2]"),
+    ("decode: sampled drafter without logits", decode(
+        drafter=dataclasses.replace(D, propose=lambda p, st, *a: (
+            jnp.zeros((1, 2), jnp.int32), None, st)),
+        rule="sample", sampling=SamplingConfig(temperature=1.0)), ValueError,
+     "propose must return draft logits float[1, 2, 32], got None"),
     # --- mismatched vocabularies ----------------------------------------------------------------
     ("decode: drafter vocab != target vocab", decode(drafter=D_OTHER_VOCAB), ValueError,
      "drafter vocabulary"),
