@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 from asd_jax.drafter_api import ChainDrafter
 from asd_jax.ngram_store import NgramStore, store_draft
-from asd_jax.request_checks import check_positive_int
+from asd_jax.request_checks import check_positive_int, param_shapes
 from asd_jax.sampling import SamplingConfig
 
 # The draft distribution of a deterministic proposal is one-hot. Rejection sampling divides by
@@ -82,7 +82,7 @@ def lookup_draft(history_BxC: jax.Array, length_B: jax.Array, num_draft: int,
 def ngram_drafter(num_draft: int, vocab_size: int, *, max_ngram: int = 3,
                   min_ngram: int = 2, store: NgramStore | None = None) -> ChainDrafter:
   """A ChainDrafter proposing K tokens by n-gram lookup. Its params are None, or with `store`
-  (asd_jax.ngram_store) the store's tables: a row whose own tokens hold no match drafts the
+  (asd_jax.ngram_store) the store's tables (drafter_params=store.tables): a row whose own tokens hold no match drafts the
   stored continuation of its longest stored suffix instead.
 
   A row without a match of at least min_ngram tokens has no draft worth verifying
@@ -134,7 +134,8 @@ def ngram_drafter(num_draft: int, vocab_size: int, *, max_ngram: int = 3,
   return ChainDrafter(prefill=prefill, propose=propose, num_draft=k,
                       vocab_size=int(vocab_size),
                       name=f"ngram{min_ngram}-{max_ngram}" + ("+store" if store else ""),
-                      draft_length=lambda state: state[1], verify_widths=widths)
+                      draft_length=lambda state: state[1], verify_widths=widths,
+                      param_shapes=None if store is None else param_shapes(store.tables))
 
 
 STORE_SUFFIX = "+store"

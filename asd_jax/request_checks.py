@@ -43,6 +43,13 @@ def check_param_shapes(what: str, params, expected: ParamShapes | None, model: s
   if expected is None:
     return
   leaves = jax.tree_util.tree_leaves(params)
+  if not leaves and expected:
+    raise ValueError(f"{what} are empty ({params!r}), model {model!r} needs its "
+                     f"{len(expected)} arrays")
+  odd = next((x for x in leaves if not hasattr(x, "shape") and not isinstance(x, numbers.Number)),
+             None)
+  if odd is not None:
+    raise TypeError(f"{what} must be a pytree of arrays, got a {type(odd).__name__} in them")
   if len(leaves) != len(expected):
     raise ValueError(f"{what} hold {len(leaves)} arrays, model {model!r} has {len(expected)}: "
                      f"are they another model's parameters?")

@@ -233,3 +233,19 @@ def test_save_store_replaces_only_an_earlier_store(tmp_path):
     save_store([[1, 2, 3]], 4, drafter, {"target": "toy"})
   assert sorted(p.name for p in drafter.iterdir()) == ["config.json", "manifest.json"]
   assert (drafter / "manifest.json").read_text() == '{"steps": 10}'
+
+
+@pytest.mark.parametrize("params,error,match", [
+    (None, ValueError, r"drafter_params are empty \(None\), model 'ngram2-3\+store' needs"),
+    ("store", TypeError, "must be a pytree of arrays, got a NgramStore in them"),
+    ("other store", ValueError, "are they another model's parameters"),
+])
+def test_a_store_drafter_refuses_params_that_are_not_its_tables(params, error, match):
+  """These failed while tracing: None as "'NoneType' object is not iterable", the store object
+  as JAX's "Error interpreting argument"; another store's tables ran with this store's widths."""
+  store = build_store([list(range(16))], vocab_size=16, min_n=2, max_n=3)
+  other = build_store([list(range(16)) * 2 + [5, 5]], vocab_size=16, min_n=2, max_n=3)
+  params = {"store": store, "other store": other.tables}.get(params, params)
+  with pytest.raises(error, match=match):
+    asd_decode(fake_lm(vocab_size=16), None, ngram_drafter(3, 16, store=store), params,
+               np.array([[0, 1, 2]], np.int32), np.array([3], np.int32), max_new_tokens=4)
