@@ -136,7 +136,9 @@ def asd_verify(draft_tokens, target_logits, spent, config: ASDConfig, *,
 
   Returns:
     VerifyOutput with num_accepted in 0..K, next_token = argmax of row num_accepted, spent
-    non-decreasing and never above the budget, num_exceptions <= max_exceptions. With budget
+    non-decreasing and never spent past the budget (a ledger that comes in above it, e.g.
+    after the budget was lowered mid-request, is returned unchanged and accepts no
+    mismatch), num_exceptions <= max_exceptions. With budget
     0 or max_exceptions 0 it equals `greedy_verify`. Rows with non-finite logits are flagged
     in `nonfinite` (see `VerifyOutput`).
   """

@@ -25,8 +25,11 @@ class DecodeStats:
   rounds_B: verification rounds (target forwards after prefill).
   accepted_B: accepted draft tokens summed over rounds.
   accepted_per_position_BxK: rounds that accepted at least j+1 draft tokens, for each j.
-  asd_exceptions_B: accepted draft tokens that differ from the target argmax (ASD mismatches).
-  asd_spent_B: the request's regret ledger at the end (never above the budget).
+  asd_exceptions_B: accepted draft tokens that differ from the target argmax: ASD's
+    mismatches under rule 'asd'; under 'sample', the accepted tokens that were not the
+    target's argmax (speculative sampling accepts them by design, losslessly).
+  asd_spent_B: the request's regret ledger at the end (never spent past the budget; 0 under
+    'strict' and 'sample').
   """
 
   rounds_B: jax.Array

@@ -36,7 +36,8 @@ class DecodeResult:
   num_generated_B: generated tokens per row.
   nonfinite_B: True where the model produced NaN/inf logits; the row stopped there and the
     offending token was not emitted.
-  target_forwards_B: target forward passes that produced this row's tokens (prefill counts 1).
+  target_forwards_B: target forward passes that produced this row's tokens (prefill counts 1
+    when it produced the row's first token; 0 for a row with max_new_B 0).
   """
 
   tokens_BxN: jax.Array
@@ -123,14 +124,16 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
   """Generates up to `max_new_tokens` tokens per row (jitted, on device).
 
   Args:
-    prompt_BxT, lengths_B: right-padded prompt ids and their lengths (>= 1 each).
+    prompt_BxT, lengths_B: right-padded prompt ids and their lengths (>= 1 each). The width
+      T is a static shape: pad it to a bucket (asd_jax.cli_common.right_pad rounds up to a
+      multiple of 32) so that prompts of nearby lengths share one compiled program.
     max_new_tokens: size of the output buffer (static); max_new_B optionally lowers it per row.
     eos_ids: a row stops after emitting any of these (it is included in the output).
     sampling: greedy by default.
     seed: an int, or int[B] one per request; each row samples from its own key
       (asd_jax.sampling_keys.row_keys), so a row's output does not depend on its batch.
     capacity: KV-cache slots per row (static); default: prompt width + max_new_tokens rounded
-      up to a multiple of 64, so nearby request sizes share one compiled program.
+      up to a multiple of 64, so nearby output lengths share one compiled program.
     stream: a TokenStream to receive each row's tokens on the host as they are generated.
   """
   request_checks.check_type("fns", fns, LanguageModelFns)
