@@ -45,14 +45,10 @@ def calibration_prompts(suites: Sequence[str], eval_count: int, count: int,
 
   suite-tail: the last `count` prompts of each suite (ValueError if they would overlap the
   eval prompts, e.g. when the eval takes a whole suite). training: count * len(suites) offline
-  training-style prompts (scripts/training_prompts.py, seed 1), for full-suite evals.
+  training-style prompts (vsd_jax/training_prompts.py, seed 1), for full-suite evals.
   """
   if source == "training":
-    try:
-      from scripts.training_prompts import build_training_prompts
-    except ImportError:
-      raise ValueError("--calibration-source training needs scripts/training_prompts.py "
-                       "(run from the repository root)") from None
+    from vsd_jax.training_prompts import build_training_prompts
     texts = build_training_prompts(count * len(suites), seed=TRAINING_SEED)
     return [BenchPrompt("training", f"seed{TRAINING_SEED}-{i}", t) for i, t in enumerate(texts)]
   if source != "suite-tail":

@@ -15,7 +15,7 @@ import math
 class DataConfig:
   """How `python -m vsd_jax.build_dataset` makes the dataset a preset trains on."""
 
-  num_prompts: int = 700  # training prompts (scripts/training_prompts.py, disjoint from eval)
+  num_prompts: int = 700  # training prompts (vsd_jax/training_prompts.py, disjoint from eval)
   heldout_prompts: int = 48  # held-out split: same generator, later prompts
   prompt_seed: int = 0
   max_new_tokens: int = 128  # the target's answer length cap

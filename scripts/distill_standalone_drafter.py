@@ -1,6 +1,6 @@
 """Distils a small standalone drafter (1-2 Llama layers, the target's tokenizer) from a target.
 
-Steps: (1) the target answers offline training prompts (scripts/training_prompts.py) with greedy
+Steps: (1) the target answers offline training prompts (vsd_jax/training_prompts.py) with greedy
 `plain_decode`; the token ids are cached in out/ so reruns skip this. (2) The drafter takes the
 target's widths, a copy of chosen target layers, its final norm and its (tied) embedding, which
 stays frozen so the saved folder can borrow it from the target. (3) AdamW trains it on packed
@@ -45,7 +45,7 @@ from models.llama import Decoder, num_parameters
 from models.lm_fns import decoder_fns
 from models.load import load_decoder
 from models.tokenizer import check_tokenizer_fits, encode_chat, eos_token_ids, load_tokenizer
-from scripts.training_prompts import build_training_prompts
+from vsd_jax.training_prompts import build_training_prompts
 from vsd_jax.build_dataset import generate
 from vsd_jax.targets import Target
 

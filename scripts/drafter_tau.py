@@ -6,7 +6,7 @@
 tau is DecodeStats' definition (committed tokens / verification rounds) pooled over each
 suite's prompts; strict verification, so every drafter produces the target's greedy text and
 only the number of rounds differs. Prompts: the first N of MT-Bench (first turns) and of
-HumanEval, none of which the drafters were trained on (scripts/training_prompts.py). Batch 1,
+HumanEval, none of which the drafters were trained on (vsd_jax/training_prompts.py). Batch 1,
 EOS honoured (the natural answers), so all drafters decode identical token sequences.
 """
 

@@ -20,7 +20,7 @@ from models.drafter_folder import (DRAFTERS_DIR, EMBEDDING_TENSOR, KNOWN_DRAFTER
 from models.errors import CheckpointError, UnknownModelError
 from models.hf_folder import load_hf_folder
 from models.kv_cache import KVCache
-from scripts.training_prompts import build_training_prompts, stdlib_functions
+from vsd_jax.training_prompts import build_training_prompts, stdlib_functions
 from tests.tiny_models import random_decoder
 
 
@@ -150,7 +150,7 @@ def test_training_prompts_are_deterministic_and_distinct():
   assert not any(" at 0x" in signature for _, signature, _ in stdlib_functions())
   root = Path(__file__).resolve().parent.parent
   runs = [subprocess.run(
-      [sys.executable, "-c", "import json; from scripts.training_prompts import "
+      [sys.executable, "-c", "import json; from vsd_jax.training_prompts import "
        "build_training_prompts as b; print(json.dumps(b(1000, seed=0)))"],
       cwd=root, env={**os.environ, "PYTHONPATH": str(root), "PYTHONHASHSEED": seed},
       capture_output=True, text=True, check=True).stdout for seed in ("1", "2")]

@@ -4,6 +4,7 @@
   python -m vsd_jax.train --config=smollm2_eagle3 --mesh=4x2 --workdir=DIR
 
 One concept per module:
+  training_prompts templated offline prompts, disjoint from the eval suites
   dataset_builder  TFDS builder (array_record, no TensorFlow): tokens + loss masks
   data             seeded, resumable batch reader (tfds.data_source)
   objective_api    the `Objective` plug point (loss_fn / ranks_fn) shared by all objectives

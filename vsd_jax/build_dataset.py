@@ -2,7 +2,7 @@
 
   python -m vsd_jax.build_dataset --config=smollm2_eagle3 [--overwrite]
 
-Prompts come from scripts/training_prompts.py (templated, disjoint from HumanEval and
+Prompts come from vsd_jax/training_prompts.py (templated, disjoint from HumanEval and
 MT-Bench); the first `num_prompts` form "train", the next `heldout_prompts` "heldout". The
 target answers with its chat template and `asd_jax.plain_decode` (one jitted program, fixed
 batch; rows sorted by length so padding stays small): greedy, or for the train split sampled at
@@ -38,7 +38,7 @@ def make_prompts(target: Target, num: int, seed: int) -> list[list[int]]:
     vocab = target.cfg.vocab_size
     return [list(rng.randint(1, vocab, rng.randint(4, 13))) for _ in range(num)]
   from models.tokenizer import encode_chat
-  from scripts.training_prompts import build_training_prompts
+  from vsd_jax.training_prompts import build_training_prompts
   return [encode_chat(target.tokenizer, p) for p in build_training_prompts(num, seed)]
 
 
