@@ -31,7 +31,8 @@ import jax.numpy as jnp
 
 from asd_jax.lm_api import LanguageModelFns
 from asd_jax.request_checks import check_positive_int, check_type
-from asd_jax.sampling import SamplingConfig, probabilities
+from asd_jax.sampling import probabilities
+from asd_jax.spec_sampling import Filters
 from asd_jax.sampling_keys import categorical_rows, split_keys
 
 
@@ -80,6 +81,7 @@ class TreeDrafter:
                                         draft_logits_BxNxV | None, state)
       parents index nodes (-1 = child of the root), parents[n] < n; depth is 1-based; draft
       logits (sampling only) row 0 = root's children distribution, row n+1 = node n's.
+      sampling: spec_sampling.Filters, as for ChainDrafter.propose.
       features_BxWxF: the target's hidden features at the window positions when
       `feature_layers` is set (valid for every position but the last, which the target has not
       processed yet), else None.
@@ -107,7 +109,7 @@ class TreeDrafter:
                        f"vocabulary of {self.vocab_size} tokens")
 
 
-def _children(logits_BxMxV, key, k, sampling: SamplingConfig):
+def _children(logits_BxMxV, key, k, sampling: Filters):
   """k children per node: the top-k (greedy rules) or k i.i.d. draws (sampling); log q."""
   if sampling.greedy:
     logq_BxMxV = jax.nn.log_softmax(logits_BxMxV.astype(jnp.float32), axis=-1)

@@ -22,7 +22,8 @@ import jax.numpy as jnp
 
 from asd_jax.lm_api import LanguageModelFns
 from asd_jax.request_checks import check_positive_int
-from asd_jax.sampling import SamplingConfig, select_token
+from asd_jax.sampling import select_token
+from asd_jax.spec_sampling import Filters
 from asd_jax.sampling_keys import split_keys
 
 
@@ -34,6 +35,8 @@ class ChainDrafter:
   propose(params, state, recent_Bx2, positions_Bx2, rng, sampling)
       -> (draft_BxK int32, draft_logits_BxKxV float32 or None when sampling is greedy, state)
       rng is a key per row [B] (sampling.split_keys / select_token keep row b on rng[b]).
+      sampling: the request's spec_sampling.Filters; `.greedy` and which filters are on are
+      static, the values traced (probabilities / select_token take it as it is).
   draft_length(state) -> int32[B] in [0, K], optional: after propose, how many leading draft
       tokens of each row are worth verifying. The engine verifies the smallest width in
       `verify_widths` + (K,) that covers every active row's length (a longer draft is
@@ -107,7 +110,7 @@ def lm_chain_drafter(fns: LanguageModelFns, num_draft: int) -> ChainDrafter:
     _, _, cache = fns.prefill(params, prompt_BxT, lengths_B, cache)
     return cache
 
-  def propose(params, cache, recent_Bx2, positions_Bx2, rng, sampling: SamplingConfig):
+  def propose(params, cache, recent_Bx2, positions_Bx2, rng, sampling: Filters):
     logits_Bx2xV, _, cache = fns.forward(params, recent_Bx2, positions_Bx2, cache)
     keys = split_keys(rng, num_draft)
     first_logits_BxV = logits_Bx2xV[:, 1]

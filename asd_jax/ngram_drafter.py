@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from asd_jax.drafter_api import ChainDrafter
 from asd_jax.ngram_store import NgramStore, store_draft
 from asd_jax.request_checks import check_positive_int, param_shapes
-from asd_jax.sampling import SamplingConfig
+from asd_jax.spec_sampling import Filters
 
 # The draft distribution of a deterministic proposal is one-hot. Rejection sampling divides by
 # q, so the other tokens get a large finite negative logit (not -inf: the sampling rule treats
@@ -111,7 +111,7 @@ def ngram_drafter(num_draft: int, vocab_size: int, *, max_ngram: int = 3,
         prompt_BxT.astype(jnp.int32))
     return history_BxC, jnp.zeros((b,), jnp.int32)
 
-  def propose(params, state, recent_Bx2, positions_Bx2, rng, sampling: SamplingConfig):
+  def propose(params, state, recent_Bx2, positions_Bx2, rng, sampling: Filters):
     del rng
     history_BxC, _ = state
     rows_Bx1 = jnp.arange(history_BxC.shape[0])[:, None]

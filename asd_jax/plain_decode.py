@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from asd_jax import request_checks
 from asd_jax.lm_api import LanguageModelFns, check_logits
 from asd_jax.sampling import SamplingConfig, select_token
+from asd_jax.spec_sampling import Filters
 from asd_jax.sampling_keys import row_keys, split_keys
 from asd_jax.token_stream import TokenStream, emit, finish_stream, start_stream
 
@@ -77,11 +78,11 @@ def _emit(state: _LoopState, logits_BxV, rng, max_new_B, eos_ids, sampling,
 
 
 @functools.partial(jax.jit, static_argnames=("fns", "max_new_tokens", "capacity", "eos_ids",
-                                             "sampling", "stream"),
+                                             "stream"),
                    compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
 def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_B, rng, *,
                   max_new_tokens: int, capacity: int, eos_ids: tuple[int, ...],
-                  sampling: SamplingConfig, stream: TokenStream | None) -> DecodeResult:
+                  sampling: Filters, stream: TokenStream | None) -> DecodeResult:
   b = prompt_BxT.shape[0]
   cache = fns.init_cache(b, capacity)
   logits_BxV, _, cache = fns.prefill(params, prompt_BxT, lengths_B, cache)
@@ -149,5 +150,5 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
   result = _plain_decode(fns, params, jnp.asarray(prompt), jnp.asarray(lengths),
                          jnp.asarray(max_new_B), row_keys(seed, prompt.shape[0]),
                          max_new_tokens=max_new_tokens, capacity=capacity, eos_ids=eos_ids,
-                         sampling=sampling, stream=stream)
+                         sampling=sampling.filters(), stream=stream)
   return finish_stream(stream, result)

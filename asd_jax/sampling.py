@@ -12,12 +12,17 @@ import jax.numpy as jnp
 
 from asd_jax.greedy_verify import first_argmax
 from asd_jax.sampling_keys import categorical_rows
-from asd_jax.spec_sampling import apply_sampling_filters, check_filters
+from asd_jax.spec_sampling import Filters, filtered_probs, check_filters
 
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
-  """Static sampling settings. temperature == 0 means greedy (argmax, first max on ties)."""
+  """Sampling settings, checked. temperature == 0 means greedy (argmax, first max on ties).
+
+  The decode engines compile for which filters are on (greedy or not, top-k on, top-p on) and
+  take the values as traced scalars (`filters()`), so requests at other temperatures, top-k
+  or top-p reuse one compiled program.
+  """
 
   temperature: float = 0.0
   top_k: int = 0  # 0 = off
@@ -35,17 +40,22 @@ class SamplingConfig:
   def greedy(self) -> bool:
     return self.temperature == 0.0
 
+  def filters(self) -> Filters:
+    """The traced form the engines, drafters and rules compute with."""
+    return Filters.of(self.temperature, self.top_k, self.top_p)
 
-def probabilities(logits_BxV: jax.Array, cfg: SamplingConfig) -> jax.Array:
+
+def probabilities(logits_BxV: jax.Array, cfg: SamplingConfig | Filters) -> jax.Array:
   """float32[B, V]: the distribution a sampler with `cfg` draws from (one-hot when greedy).
 
   The one filter implementation shared with speculative sampling (spec_sampling), so plain
   and speculative sampling target exactly the same distribution.
   """
-  return apply_sampling_filters(logits_BxV, cfg.temperature, cfg.top_k, cfg.top_p)
+  return filtered_probs(logits_BxV, cfg if isinstance(cfg, Filters) else cfg.filters())
 
 
-def select_token(logits_BxV: jax.Array, rng: jax.Array, cfg: SamplingConfig) -> jax.Array:
+def select_token(logits_BxV: jax.Array, rng: jax.Array,
+                 cfg: SamplingConfig | Filters) -> jax.Array:
   """int32[B]: argmax when greedy, else a sample from the filtered distribution.
 
   rng: one key, or a key per row [B] (row b then draws from rng[b] only).

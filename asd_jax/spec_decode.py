@@ -31,7 +31,7 @@ from asd_jax.lm_api import LanguageModelFns, check_logits
 from asd_jax.plain_decode import DECODE_LOOP_COMPILER_OPTIONS
 from asd_jax.sampling import SamplingConfig, select_token
 from asd_jax.sampling_keys import row_keys, split_keys
-from asd_jax.spec_sampling import sample_without_draft, speculative_sample
+from asd_jax.spec_sampling import Filters, chain_sample_core, sample_without_draft
 from asd_jax.token_stream import TokenStream, finish_stream, start_stream
 from asd_jax.verify_output import VerifyOutput
 
@@ -48,8 +48,7 @@ def _as_verdict(v) -> VerifyOutput:
 
 
 def _verify(rule, draft_BxK, draft_logits, target_logits_BxK1xV, spent_B, asd_scalars, key,
-            sampling: SamplingConfig, normalize_q: bool, draft_lengths_B=None,
-            noise_slots=None):
+            sampling: Filters, normalize_q: bool, draft_lengths_B, noise_slots: int):
   if rule == "strict":
     return greedy_verify(draft_BxK, target_logits_BxK1xV, spent_B, check_values=False)
   if rule == "asd":
@@ -58,19 +57,19 @@ def _verify(rule, draft_BxK, draft_logits, target_logits_BxK1xV, spent_B, asd_sc
     # concrete ASDConfig at the Python boundary.
     return asd_verify_traced(draft_BxK, target_logits_BxK1xV, spent_B, budget, gate,
                              max_exceptions, normalize_q=normalize_q)
-  verdict = speculative_sample(draft_BxK, draft_logits, target_logits_BxK1xV, key,
-                               temperature=sampling.temperature, top_k=sampling.top_k,
-                               top_p=sampling.top_p, draft_lengths=draft_lengths_B,
-                               noise_slots=noise_slots, check_values=False)
+  b, k = draft_BxK.shape
+  lengths_B = jnp.full((b,), k, jnp.int32) if draft_lengths_B is None else draft_lengths_B
+  verdict = chain_sample_core(draft_BxK, draft_logits, target_logits_BxK1xV, key, lengths_B,
+                              sampling, noise_slots=noise_slots)
   return verdict._replace(spent=spent_B)
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "target", "drafter", "rule", "sampling", "normalize_q", "max_new_tokens", "capacity",
-    "eos_ids", "stream"), compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
+    "target", "drafter", "rule", "normalize_q", "max_new_tokens", "capacity", "eos_ids",
+    "stream"), compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
 def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, drafter_params,
                 prompt_BxT, lengths_B, max_new_B, asd_scalars, rng, *, rule: str,
-                sampling: SamplingConfig, normalize_q: bool, max_new_tokens: int, capacity: int,
+                sampling: Filters, normalize_q: bool, max_new_tokens: int, capacity: int,
                 eos_ids: tuple[int, ...], stream: TokenStream | None) -> SpecDecodeResult:
   b = prompt_BxT.shape[0]
   k = drafter.num_draft
@@ -110,8 +109,7 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
     check_logits(target, logits_Bx1xV, (b, 1, target.vocab_size), "forward")
     logits_BxV = logits_Bx1xV[:, 0]
     if rule == "sample":  # the token a wider round would sample for an empty draft
-      next_B = sample_without_draft(logits_BxV, k_verify, k, temperature=sampling.temperature,
-                                    top_k=sampling.top_k, top_p=sampling.top_p)
+      next_B = sample_without_draft(logits_BxV, k_verify, k, sampling)
     else:
       next_B = select_token(logits_BxV, k_verify, sampling)
     zeros_B = jnp.zeros((b,), jnp.int32)
@@ -196,7 +194,8 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
   check_params(target, target_params, drafter, drafter_params)
   start_stream(stream)
   result = _asd_decode(target, target_params, drafter, drafter_params, *req.arrays,
-                       rule=req.rule, sampling=sampling, normalize_q=asd_config.normalize_q,
+                       rule=req.rule, sampling=sampling.filters(),
+                       normalize_q=asd_config.normalize_q,
                        max_new_tokens=req.max_new_tokens, capacity=req.capacity,
                        eos_ids=req.eos_ids, stream=stream)
   return finish_stream(stream, result)

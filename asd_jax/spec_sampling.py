@@ -34,7 +34,9 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+from typing import Any
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -72,6 +74,28 @@ def check_float32_temperature(temperature: float) -> None:
                      f"[{_FLOAT32_TINY:.3g}, {_FLOAT32_MAX:.3g}]; use 0 for greedy decoding")
 
 
+@flax.struct.dataclass
+class Filters:
+  """Sampling filters as the rules compute with them. The values are pytree leaves, so inside
+  a jitted decode loop they are traced and a new temperature, top-k or top-p reuses the
+  compiled program; which filters run (greedy, top-k on, top-p on) is static. Build one with
+  `Filters.of` (checked) or SamplingConfig.filters().
+  """
+
+  temperature: Any  # float32 scalar; unused when greedy
+  top_k: Any  # int32 scalar; unused when not use_top_k
+  top_p: Any  # float32 scalar; unused when not use_top_p
+  greedy: bool = flax.struct.field(pytree_node=False, default=False)
+  use_top_k: bool = flax.struct.field(pytree_node=False, default=False)
+  use_top_p: bool = flax.struct.field(pytree_node=False, default=False)
+
+  @classmethod
+  def of(cls, temperature=1.0, top_k=0, top_p=1.0) -> "Filters":
+    temperature, top_k, top_p = check_filters(temperature, top_k, top_p)
+    return cls(np.float32(temperature), np.int32(top_k), np.float32(top_p),
+               greedy=temperature == 0.0, use_top_k=top_k > 0, use_top_p=top_p < 1.0)
+
+
 def scale_logits(z_xV, temperature: float):
   """(z - max z) / T in float32. Shifting first keeps a tiny T finite: the top logit maps to 0
   and the rest towards -inf, the argmax limit, where z / T alone would overflow to inf and
@@ -100,23 +124,26 @@ def _radix_select(keys_xV, weights_xV, need_x1):
   return lax.fori_loop(0, 32, fix_bit, jnp.zeros(keys_xV.shape[:-1] + (1,), jnp.uint32))
 
 
-def _filtered_probs(logits_xV, temperature: float, top_k: int, top_p: float):
+def filtered_probs(logits_xV, filters: Filters):
+  """float32[..., V]: apply_sampling_filters for Filters (values traced or concrete)."""
   vocab = logits_xV.shape[-1]
   z_xV = logits_xV.astype(jnp.float32)
-  if temperature == 0.0:
+  if filters.greedy:
     return jax.nn.one_hot(first_argmax(z_xV)[0], vocab, dtype=jnp.float32)
-  z_xV = scale_logits(z_xV, temperature)
-  if 0 < top_k < vocab:
-    # Keep every logit >= the k-th largest (ties at the boundary included).
+  z_xV = scale_logits(z_xV, jnp.asarray(filters.temperature, jnp.float32))
+  if filters.use_top_k:
+    # Keep every logit >= the k-th largest (ties at the boundary included). With k >= V no
+    # threshold reaches k tokens' worth, the threshold stays at the lowest key: all are kept.
     keys_xV = _order_key(z_xV)
-    kth_x1 = _radix_select(keys_xV, jnp.ones_like(z_xV), jnp.float32(top_k))
+    kth_x1 = _radix_select(keys_xV, jnp.ones_like(z_xV),
+                           jnp.asarray(filters.top_k, jnp.float32))
     z_xV = jnp.where(keys_xV >= kth_x1, z_xV, -jnp.inf)
   p_xV = jax.nn.softmax(z_xV, axis=-1)
-  if top_p < 1.0:
+  if filters.use_top_p:
     # The smallest head whose mass reaches top_p: keep p >= the largest t with
     # mass(p >= t) >= top_p (so always at least the top token, and ties at the edge).
     keys_xV = _order_key(p_xV)
-    floor_x1 = _radix_select(keys_xV, p_xV, jnp.float32(top_p))
+    floor_x1 = _radix_select(keys_xV, p_xV, jnp.asarray(filters.top_p, jnp.float32))
     p_xV = jnp.where(keys_xV >= floor_x1, p_xV, 0.0)
     p_xV = p_xV / jnp.sum(p_xV, axis=-1, keepdims=True)
   return p_xV
@@ -128,13 +155,13 @@ def apply_sampling_filters(logits, temperature: float = 1.0, top_k: int = 0,
 
   temperature 0 gives a one-hot at the argmax (first maximum). top_k = 0 and top_p = 1 are
   off. Ties at the top-k or top-p boundary are all kept, so the support can exceed k.
-  The settings are static Python numbers (they change the program); usable inside jit.
+  The settings are Python numbers, checked here; usable inside jit.
   """
-  temperature, top_k, top_p = check_filters(temperature, top_k, top_p)
+  filters = Filters.of(temperature, top_k, top_p)
   logits = jnp.asarray(logits)
   if logits.ndim < 1 or logits.shape[-1] == 0:
     raise ValueError(f"logits must be [..., V] with V >= 1, got shape {tuple(logits.shape)}")
-  return _filtered_probs(logits, temperature, top_k, top_p)
+  return filtered_probs(logits, filters)
 
 
 def _noise(key, batch: int, slots: int, vocab: int):
@@ -166,13 +193,14 @@ def _nonfinite(target_logits, draft_logits):
   return bad_target | bad_draft
 
 
-@functools.partial(jax.jit, static_argnames=("noise_slots", "temperature", "top_k", "top_p"))
-def _chain_core(draft_BxK, draft_logits_BxKxV, target_logits_BxRxV, key, draft_lengths_B,
-                noise_slots, temperature, top_k, top_p):
+@functools.partial(jax.jit, static_argnames=("noise_slots",))
+def chain_sample_core(draft_BxK, draft_logits_BxKxV, target_logits_BxRxV, key, draft_lengths_B,
+                      filters: Filters, noise_slots: int) -> VerifyOutput:
+  """`speculative_sample` without its checks, for a jitted loop holding traced filters."""
   b, k = draft_BxK.shape
   vocab = target_logits_BxRxV.shape[-1]
-  p_BxRxV = _filtered_probs(target_logits_BxRxV, temperature, top_k, top_p)
-  q_BxKxV = _filtered_probs(draft_logits_BxKxV, temperature, top_k, top_p)
+  p_BxRxV = filtered_probs(target_logits_BxRxV, filters)
+  q_BxKxV = filtered_probs(draft_logits_BxKxV, filters)
   u_BxS, gumbel_BxV = _noise(key, b, noise_slots, vocab)
   u_BxK = u_BxS[:, :k]
 
@@ -230,12 +258,13 @@ def _tree_row(tokens_N, parents_N, p_RxV, q_NxV, best_R, u_N, gumbel_V, depth):
   return path_D, count, _draw(p_V, gumbel_V), exceptions
 
 
-@functools.partial(jax.jit, static_argnames=("depth", "temperature", "top_k", "top_p"))
-def _tree_core(tokens_BxN, parents_BxN, draft_logits_BxNxV, target_logits_BxRxV, key, depth,
-               temperature, top_k, top_p):
+@functools.partial(jax.jit, static_argnames=("depth",))
+def tree_sample_core(tokens_BxN, parents_BxN, draft_logits_BxNxV, target_logits_BxRxV, key,
+                     filters: Filters, depth: int) -> TreeVerifyOutput:
+  """`tree_speculative_sample` without its checks, for a jitted loop holding traced filters."""
   b, n = tokens_BxN.shape
-  p_BxRxV = _filtered_probs(target_logits_BxRxV, temperature, top_k, top_p)
-  q_BxNxV = _filtered_probs(draft_logits_BxNxV, temperature, top_k, top_p)
+  p_BxRxV = filtered_probs(target_logits_BxRxV, filters)
+  q_BxNxV = filtered_probs(draft_logits_BxNxV, filters)
   u_BxN, gumbel_BxV = _noise(key, b, n, target_logits_BxRxV.shape[-1])
   best_BxR, _, _ = target_argmax(target_logits_BxRxV)
   row = functools.partial(_tree_row, depth=depth)
@@ -275,7 +304,8 @@ def speculative_sample(draft_tokens, draft_logits, target_logits, key, *,
     target_logits: float[B, K+1, V] (row K is the bonus row).
     key: one PRNG key for the whole batch, or a typed key per row [B] (row b's draws then
       depend on key[b] only, as in the decode engines).
-    temperature, top_k, top_p: static filters applied to both distributions.
+    temperature, top_k, top_p: filters applied to both distributions (traced: other values
+      reuse the compiled program).
     draft_lengths: optional int[B] in [0, K]: row b's draft is its first draft_lengths[b]
       tokens; the rest are never accepted, and a row that accepts its whole draft samples the
       next token from the target (default: every row's draft is all K).
@@ -291,23 +321,21 @@ def speculative_sample(draft_tokens, draft_logits, target_logits, key, *,
     tokens that differ from the target argmax; nonfinite flags rows whose target or draft
     logits are not finite.
   """
-  temperature, top_k, top_p = check_filters(temperature, top_k, top_p)
+  filters = Filters.of(temperature, top_k, top_p)
   draft, z, vocab = checks.block(draft_tokens, target_logits)
   b, k = draft.shape
   zq = checks.logits(draft_logits, "draft_logits", (b, k, vocab))
   checks.token_range(draft, vocab, "draft_tokens", check_values)
   lengths = checks.draft_lengths(draft_lengths, b, k, check_values)
-  return _chain_core(draft, zq, z, _check_key(key, b), lengths,
-                     noise_slots=checks.noise_slots(noise_slots, k), temperature=temperature,
-                     top_k=top_k, top_p=top_p)
+  return chain_sample_core(draft, zq, z, _check_key(key, b), lengths, filters,
+                           noise_slots=checks.noise_slots(noise_slots, k))
 
 
-def sample_without_draft(target_logits_BxV, key, noise_slots: int, *,
-                         temperature: float, top_k: int, top_p: float):
+def sample_without_draft(target_logits_BxV, key, noise_slots: int, filters: Filters):
   """int32[B]: the token `speculative_sample` commits for a row whose draft is empty
   (draft_lengths 0), with the same key and noise_slots, from one target row alone: a decode
   round that verifies no position samples exactly what verifying a wider block would."""
-  p_BxV = _filtered_probs(target_logits_BxV, temperature, top_k, top_p)
+  p_BxV = filtered_probs(target_logits_BxV, filters)
   _, gumbel_BxV = _noise(key, target_logits_BxV.shape[0], noise_slots,
                          target_logits_BxV.shape[-1])
   return _draw(p_BxV, gumbel_BxV)
@@ -331,11 +359,10 @@ def tree_speculative_sample(tree_tokens, parents, draft_logits, target_logits, k
     target would sample them. A chain given as a tree gives the same result as
     `speculative_sample` with the same key.
   """
-  temperature, top_k, top_p = check_filters(temperature, top_k, top_p)
+  filters = Filters.of(temperature, top_k, top_p)
   toks, par, z, vocab, depth = checks.tree(tree_tokens, parents, target_logits, max_depth,
                                            check_values)
   b, n = toks.shape
   zq = checks.logits(draft_logits, "draft_logits", (b, n, vocab))
   checks.token_range(toks, vocab, "tree_tokens", check_values)
-  return _tree_core(toks, par, zq, z, _check_key(key, b), depth=depth, temperature=temperature,
-                    top_k=top_k, top_p=top_p)
+  return tree_sample_core(toks, par, zq, z, _check_key(key, b), filters, depth=depth)

@@ -27,7 +27,7 @@ from asd_jax.request_checks import check_type
 from asd_jax.sampling import SamplingConfig
 from asd_jax.sampling_keys import split_keys
 from asd_jax.spec_decode import check_params, prepare_request
-from asd_jax.spec_sampling import tree_speculative_sample
+from asd_jax.spec_sampling import Filters, tree_sample_core
 from asd_jax.token_stream import TokenStream, finish_stream, start_stream
 from asd_jax.tree_verify import tree_asd_verify_traced, tree_greedy_verify, tree_paths
 
@@ -65,27 +65,25 @@ def _flat_features(hidden_BxTxNxD, feature_layers):
 
 
 def _verify_tree(rule, tokens, parents, draft_logits, target_logits, spent_B, asd_scalars, key,
-                 sampling: SamplingConfig, normalize_q: bool, depth: int):
+                 sampling: Filters, normalize_q: bool, depth: int):
   if rule == "strict":
     return tree_greedy_verify(tokens, parents, target_logits, spent_B, max_depth=depth,
                               check_values=False)
   if rule == "asd":
     return tree_asd_verify_traced(tokens, parents, target_logits, spent_B, *asd_scalars,
                                   depth=depth, normalize_q=normalize_q)
-  out = tree_speculative_sample(tokens, parents, draft_logits, target_logits, key,
-                                temperature=sampling.temperature, top_k=sampling.top_k,
-                                top_p=sampling.top_p, max_depth=depth, check_values=False)
+  out = tree_sample_core(tokens, parents, draft_logits, target_logits, key, sampling,
+                         depth=depth)
   return out._replace(spent=spent_B)
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "target", "drafter", "rule", "sampling", "normalize_q", "max_new_tokens", "capacity",
-    "eos_ids", "stream"), compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
+    "target", "drafter", "rule", "normalize_q", "max_new_tokens", "capacity", "eos_ids",
+    "stream"), compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
 def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, drafter_params,
                  prompt_BxT, lengths_B, max_new_B, asd_scalars, rng, *, rule: str,
-                 sampling: SamplingConfig, normalize_q: bool, max_new_tokens: int,
-                 capacity: int, eos_ids: tuple[int, ...],
-                 stream: TokenStream | None) -> SpecDecodeResult:
+                 sampling: Filters, normalize_q: bool, max_new_tokens: int, capacity: int,
+                 eos_ids: tuple[int, ...], stream: TokenStream | None) -> SpecDecodeResult:
   b = prompt_BxT.shape[0]
   # A path of N nodes is at most N deep (the verifiers refuse a larger max_depth): a greedy tree
   # keeps num_nodes, which --tree 4,4,2 makes fewer than its depth; a sampled one keeps the
@@ -194,7 +192,8 @@ def asd_tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafte
   check_params(target, target_params, drafter, drafter_params)
   start_stream(stream)
   result = _tree_decode(target, target_params, drafter, drafter_params, *req.arrays,
-                        rule=req.rule, sampling=sampling, normalize_q=asd_config.normalize_q,
+                        rule=req.rule, sampling=sampling.filters(),
+                        normalize_q=asd_config.normalize_q,
                         max_new_tokens=req.max_new_tokens, capacity=req.capacity,
                         eos_ids=req.eos_ids, stream=stream)
   return finish_stream(stream, result)

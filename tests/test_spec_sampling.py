@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from asd_jax.greedy_verify import greedy_verify
-from asd_jax.spec_sampling import (apply_sampling_filters, sample_without_draft,
+from asd_jax.spec_sampling import (Filters, apply_sampling_filters, sample_without_draft,
                                    speculative_sample, tree_speculative_sample)
 from asd_jax.tree_verify import tree_greedy_verify
 from asd_jax.verify_output import NONFINITE_TOKEN
@@ -265,7 +265,7 @@ def test_a_row_samples_the_same_at_every_width_that_covers_its_draft(row_keys):
   full = speculative_sample(draft, zq, z, keys, draft_lengths=lengths, **filters)
   a_full, next_full = np.asarray(full.num_accepted), np.asarray(full.next_token)
   assert (a_full <= lengths).all() and len(set(a_full.tolist())) >= 3
-  empty = np.asarray(sample_without_draft(jnp.asarray(z[:, 0]), keys, k, **filters))
+  empty = np.asarray(sample_without_draft(jnp.asarray(z[:, 0]), keys, k, Filters.of(**filters)))
   np.testing.assert_array_equal(empty[lengths == 0], next_full[lengths == 0])
   differs_without_fixed_slots = False
   for w in range(1, k):

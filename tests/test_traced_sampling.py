@@ -1,0 +1,66 @@
+"""Sampling settings are traced in the decode loops: a request at another temperature, top-k or
+top-p reuses the compiled program (a server would otherwise compile the whole loop, model
+included, for every new setting); only which filters are on changes the program."""
+
+import jax
+import numpy as np
+import pytest
+
+from asd_jax import SamplingConfig, TreeShape, asd_decode, asd_tree_decode, lm_chain_drafter
+from asd_jax import lm_tree_drafter, plain_decode
+from models.lm_fns import decoder_fns
+from tests.tiny_models import perturbed_copy, random_decoder, random_prompts
+
+VOCAB = 61
+_TARGET = random_decoder(seed=0, vocab=VOCAB, num_layers=1)
+_FNS, _PARAMS = decoder_fns(_TARGET)
+_, _DRAFT_PARAMS = decoder_fns(perturbed_copy(_TARGET, 0.2, seed=3))
+_CHAIN = lm_chain_drafter(_FNS, 3)
+_TREE = lm_tree_drafter(_FNS, TreeShape(2, 2, 4))
+_PROMPT, _LENGTHS = random_prompts(np.random.RandomState(0), 2, 6, VOCAB)
+
+
+class _Compilations:
+  """XLA backend compilations of any function (jax.monitoring), counted from registration."""
+
+  def __init__(self):
+    self.count = 0
+    jax.monitoring.register_event_duration_secs_listener(self._on_event)
+
+  def _on_event(self, event, duration, **kwargs):
+    if event == "/jax/core/compile/backend_compile_duration":
+      self.count += 1
+
+
+_COMPILATIONS = _Compilations()
+
+_ENGINES = {
+    "plain": lambda s: plain_decode(_FNS, _PARAMS, _PROMPT, _LENGTHS, max_new_tokens=12,
+                                    sampling=s, seed=7),
+    "chain": lambda s: asd_decode(_FNS, _PARAMS, _CHAIN, _DRAFT_PARAMS, _PROMPT, _LENGTHS,
+                                  max_new_tokens=12, rule="sample", sampling=s, seed=7),
+    "tree": lambda s: asd_tree_decode(_FNS, _PARAMS, _TREE, _DRAFT_PARAMS, _PROMPT, _LENGTHS,
+                                      max_new_tokens=12, rule="sample", sampling=s, seed=7),
+}
+
+
+@pytest.mark.parametrize("engine", sorted(_ENGINES))
+def test_other_sampling_values_reuse_the_compiled_loop(engine):
+  decode = _ENGINES[engine]
+  first = np.asarray(decode(SamplingConfig(0.7, top_k=5, top_p=0.9)).tokens_BxN)
+  before = _COMPILATIONS.count
+  others = [np.asarray(decode(SamplingConfig(t, top_k=k, top_p=p)).tokens_BxN)
+            for t, k, p in ((1.3, 9, 0.8), (0.05, 60, 0.99), (2.0, 1, 0.5))]
+  again = np.asarray(decode(SamplingConfig(0.7, top_k=5, top_p=0.9)).tokens_BxN)
+  assert _COMPILATIONS.count == before
+  # The values reach the program: other settings sample otherwise, the first ones the same.
+  np.testing.assert_array_equal(again, first)
+  assert any(not np.array_equal(o, first) for o in others)
+  # top_k=1 keeps only the argmax: sampling at any temperature is then greedy decoding.
+  greedy = np.asarray(plain_decode(_FNS, _PARAMS, _PROMPT, _LENGTHS,
+                                   max_new_tokens=12).tokens_BxN)
+  np.testing.assert_array_equal(others[2], greedy)
+  # Control: switching a filter off is another program, and the counter sees it.
+  before = _COMPILATIONS.count
+  decode(SamplingConfig(0.7, top_k=5))
+  assert _COMPILATIONS.count > before
