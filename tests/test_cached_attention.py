@@ -83,7 +83,7 @@ _SHAPES = ["1,2,16,64", "1,2,64,16"]  # keys [B, K, H, S], values [B, K, S, H]
 def test_plain_decoding_updates_the_cache_in_place():
   text = _plain_decode.lower(
       _FNS, _PARAMS, jnp.ones((1, 8), jnp.int32), jnp.array([8]), jnp.array([32]), row_keys(0, 1),
-      max_new_tokens=32, capacity=_CAPACITY, eos_ids=(), sampling=SamplingConfig(),
+      max_new_tokens=32, capacity=_CAPACITY, eos_ids=(), sampling=SamplingConfig().filters(),
       stream=None).compile().as_text()
   assert _cache_copies_outside_entry(text, _SHAPES) == 0
 
@@ -96,7 +96,8 @@ def test_chain_speculative_decoding_updates_the_target_cache_in_place():
                         sampling=SamplingConfig(), eos_ids=(), max_new_tokens=32, max_new_B=None,
                         capacity=_CAPACITY, lookahead=4, what="K=4")
   text = _asd_decode.lower(_FNS, _PARAMS, drafter, drafter_params, *req.arrays, rule="strict",
-                           sampling=SamplingConfig(), normalize_q=False, max_new_tokens=32,
-                           capacity=_CAPACITY, eos_ids=(), stream=None).compile().as_text()
+                           sampling=SamplingConfig().filters(), normalize_q=False,
+                           max_new_tokens=32, capacity=_CAPACITY, eos_ids=(),
+                           stream=None).compile().as_text()
   # Target and drafter share the tiny model's shapes, so this covers both caches.
   assert _cache_copies_outside_entry(text, _SHAPES) == 0
