@@ -37,13 +37,14 @@ import ml_dtypes
 import numpy as np
 
 from models.config import ModelConfig, rope_inverse_frequencies, rope_scaling_to_hf
+from models.drafter_folder import SHARED_EMBEDDING_KEY
 from models.eagle3 import Eagle3Config, Eagle3Drafter, check_vocab_map, eagle3_default_layers
 from models.errors import CheckpointError, UnsupportedArchitectureError
 from models.hf_folder import load_hf_folder, replace_hf_folder
+from models.hf_params import resolve_attr
 from models.medusa import MedusaConfig, MedusaHeads
 
 DRAFTER_KEY = "asd_jax_drafter"
-SHARED_EMBEDDING_KEY = "asd_jax_shared_embedding"  # as models/drafter_folder.py
 EAGLE3_ARCH = "LlamaForCausalLMEagle3"
 _EMBED = "embed_tokens.weight"
 
@@ -156,7 +157,7 @@ def eagle3_hf_config(cfg: Eagle3Config, dtype: str) -> dict[str, Any]:
 def _eagle3_folder(drafter: Eagle3Drafter, dtype: str, include_embedding: bool):
   tensors = {}
   for name, attr, transpose in _EAGLE3_TENSORS:
-    value = np.asarray(_resolve(drafter, attr)[...], np.float32)
+    value = np.asarray(resolve_attr(drafter, attr)[...], np.float32)
     tensors[name] = _cast(value.T if transpose else value, dtype)
   if include_embedding:
     tensors[_EMBED] = _cast(np.asarray(drafter.embed.embedding[...], np.float32), dtype)
@@ -317,13 +318,6 @@ def _cast(value: np.ndarray, dtype: str) -> np.ndarray:
   return value.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32)
 
 
-def _resolve(model, path: str):
-  obj = model
-  for part in path.split("."):
-    obj = getattr(obj, part)
-  return obj
-
-
 def _tensor(folder, tensors, name: str) -> np.ndarray:
   if name not in tensors:
     raise CheckpointError(f"{folder}: missing tensor {name!r}")
@@ -332,7 +326,7 @@ def _tensor(folder, tensors, name: str) -> np.ndarray:
 
 def _set(model, attr: str, value: np.ndarray, transpose: bool, dtype: str, folder, name: str):
   value = value.T if transpose else value
-  var = _resolve(model, attr)
+  var = resolve_attr(model, attr)
   if tuple(value.shape) != tuple(var.shape):
     raise CheckpointError(f"{folder}: tensor {name!r} has shape {tuple(value.shape)}, this "
                           f"config expects {tuple(var.shape)}")

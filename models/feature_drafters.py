@@ -28,8 +28,8 @@ from asd_jax.draft_tree import TreeDrafter, TreeShape, grow_dynamic_tree
 from asd_jax.request_checks import param_shapes
 from asd_jax.sampling_keys import split_keys
 from models.eagle3 import Eagle3Fns, draft_logits_to_target
-from models.llama import Decoder
-from models.medusa import MedusaHeads, medusa_logits, target_head_VxD
+from models.llama import Decoder, rms_norm
+from models.medusa import MedusaHeads, medusa_logits
 
 
 def eagle3_tree_drafter(fns: Eagle3Fns, shape: TreeShape) -> TreeDrafter:
@@ -138,9 +138,9 @@ def medusa_tree_drafter(heads: MedusaHeads, target: Decoder, shape: TreeShape,
     if not sampling.greedy:
       raise ValueError("Medusa static trees are deterministic: use rule strict or asd")
     heads_params, norm_scale_D, head_VxD = params
-    h_BxD = features_BxWxF[:, -2].astype(jnp.float32)  # newest position the target processed
-    h_BxD = h_BxD * jax.lax.rsqrt(jnp.mean(h_BxD * h_BxD, -1, keepdims=True) + eps)
-    h_BxD = (norm_scale_D * h_BxD.astype(norm_scale_D.dtype))
+    # The newest position the target processed, through the target's final norm as in
+    # training (vsd_jax/medusa_loss.py applies target.final_norm to the same hidden state).
+    h_BxD = rms_norm(features_BxWxF[:, -2], norm_scale_D, eps)
     logits_BxMxV = medusa_logits(heads_params, h_BxD[:, None],
                                  None if heads.cfg.own_head else head_VxD)[:, 0]
     top_BxMxk = jax.lax.top_k(logits_BxMxV, top_k)[1].astype(jnp.int32)
@@ -163,4 +163,4 @@ def medusa_drafter_params(heads: MedusaHeads, target: Decoder):
   The target's pieces ride along as arrays, so no weights are copied.
   """
   import flax.nnx as nnx
-  return (nnx.state(heads), target.final_norm.scale[...], target_head_VxD(target))
+  return (nnx.state(heads), target.final_norm.scale[...], target.head_VxD())

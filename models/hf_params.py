@@ -57,7 +57,8 @@ def _tensor_map(cfg: ModelConfig):
         yield pre + hf, f"layers.{i}.{path}", False
 
 
-def _resolve(model, path: str) -> nnx.Variable:
+def resolve_attr(model, path: str) -> nnx.Variable:
+  """model.a.3.b for path 'a.3.b' (digits index lists)."""
   obj = model
   for part in path.split("."):
     obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
@@ -78,7 +79,7 @@ def decoder_from_hf_tensors(cfg: ModelConfig, tensors: Mapping[str, np.ndarray],
     value = np.asarray(tensors[hf_name])
     if transpose:
       value = value.T
-    var = _resolve(model, path)
+    var = resolve_attr(model, path)
     if tuple(value.shape) != tuple(var.shape):
       raise CheckpointError(f"{source}: tensor {hf_name!r} has shape {tuple(value.shape)}, "
                             f"this config expects {tuple(var.shape)} (checkpoint of another model?)")
@@ -121,7 +122,7 @@ def decoder_to_hf_tensors(model: Decoder) -> dict[str, np.ndarray]:
   """Inverse of `decoder_from_hf_tensors` (float32 numpy, HF orientation)."""
   out = {}
   for hf_name, path, transpose in _tensor_map(model.cfg):
-    value = np.asarray(_resolve(model, path)[...], np.float32)
+    value = np.asarray(resolve_attr(model, path)[...], np.float32)
     out[hf_name] = value.T if transpose else value
   return out
 
@@ -141,7 +142,7 @@ def attach_weight_blocks(model: Decoder, blocks: Mapping[str, tuple[str, np.ndar
     if hf_name not in blocks:
       continue
     kind, rows = blocks[hf_name]
-    var = _resolve(model, path)
+    var = resolve_attr(model, path)
     if path.endswith(".kernel") and transpose and kind == "Q4_1":
       k, n = var.shape
       try:
@@ -151,7 +152,7 @@ def attach_weight_blocks(model: Decoder, blocks: Mapping[str, tuple[str, np.ndar
       if records.records.shape[1] * Q4_1_COLUMNS != n:
         raise CheckpointError(f"{hf_name!r}: Q4_1 blocks for {rows.shape[0]} rows, "
                               f"the parameter has {n}")
-      _resolve(model, path.rsplit(".", 1)[0]).q4_1 = WeightBlocks(jnp.asarray(records.records))
+      resolve_attr(model, path.rsplit(".", 1)[0]).q4_1 = WeightBlocks(jnp.asarray(records.records))
       attached += 1
     elif path == "embed.embedding" and model.cfg.tie_embeddings and kind == "Q8_0":
       n, k = var.shape

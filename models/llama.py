@@ -23,6 +23,14 @@ from models.kv_cache import KVCache
 _F32 = jnp.float32
 
 
+def rms_norm(x, scale_D, eps: float):
+  """RMSNorm with float32 statistics, in x's dtype. HF casts back to the activation dtype
+  before the weight multiply; this matches it for bf16 parity."""
+  x32 = x.astype(_F32)
+  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return scale_D.astype(x.dtype) * y.astype(x.dtype)
+
+
 class RMSNorm(nnx.Module):
 
   def __init__(self, dim: int, eps: float, param_dtype):
@@ -30,10 +38,7 @@ class RMSNorm(nnx.Module):
     self.eps = eps
 
   def __call__(self, x):
-    x32 = x.astype(_F32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    # HF casts back to the activation dtype before the weight multiply; match it for bf16 parity.
-    return self.scale[...].astype(x.dtype) * y.astype(x.dtype)
+    return rms_norm(x, self.scale[...], self.eps)
 
 
 class WeightBlocks(nnx.Variable):
@@ -161,6 +166,14 @@ class Decoder(nnx.Module):
     # The tied embedding's Q8_0 blocks for the LM head, when the checkpoint has them.
     self.head_q8_0_q: WeightBlocks | None = nnx.data(None)   # int8 [V, D]
     self.head_q8_0_d: WeightBlocks | None = nnx.data(None)   # float32 [V, D / 32]
+
+  def head_VxD(self) -> jax.Array:
+    """The LM head as [V, D]: the tied embedding, or lm_head's kernel transposed (inside jit
+    the transpose folds into the einsum that uses it). Drafters that share the head read it
+    here."""
+    if self.cfg.tie_embeddings:
+      return self.embed.embedding[...]
+    return self.lm_head.kernel[...].T
 
   def logits(self, h_BxTxD: jax.Array) -> jax.Array:
     """Final norm + LM head; float32 logits [B, T, V]."""

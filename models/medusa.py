@@ -78,23 +78,13 @@ def init_medusa(cfg: MedusaConfig, seed: int = 0, target=None) -> MedusaHeads:
   starts as a copy of the target's LM head, as Medusa initialises them."""
   model = MedusaHeads(cfg, nnx.Rngs(seed))
   if cfg.own_head and target is not None:
-    head_VxD = target_head_VxD(getattr(target, "model", target))
+    head_VxD = getattr(target, "model", target).head_VxD()
     if tuple(head_VxD.shape) != (cfg.vocab_size, cfg.hidden_size):
       raise ValueError(f"target head {tuple(head_VxD.shape)} does not fit ({cfg.vocab_size}, "
                        f"{cfg.hidden_size})")
     model.own_head.kernel.set_value(jnp.broadcast_to(
         jnp.asarray(head_VxD.T, jnp.dtype(cfg.dtype)), model.own_head.kernel.shape))
   return model
-
-
-def target_head_VxD(target) -> jax.Array:
-  """The target Decoder's LM head as [V, D] (its tied embedding, or lm_head transposed).
-
-  Inside jit the transpose of an untied head is folded into the logits einsum.
-  """
-  if target.cfg.tie_embeddings:
-    return target.embed.embedding[...]
-  return target.lm_head.kernel[...].T
 
 
 def medusa_hidden(params, last_hidden_BxTxD: jax.Array) -> jax.Array:
@@ -112,7 +102,7 @@ def medusa_logits(params, last_hidden_BxTxD: jax.Array,
   Args:
     params: `nnx.state(heads)` of a `MedusaHeads` (a pytree; pass it through jit).
     last_hidden_BxTxD: the target's last hidden state after its final norm.
-    target_head_VxD: the target's LM head ([V, D], see `target_head_VxD`) for heads that
+    target_head_VxD: the target's LM head ([V, D], `Decoder.head_VxD()`) for heads that
       share it; None for heads with their own (`own_head=True`).
   """
   h_BxTxMxD = medusa_hidden(params, last_hidden_BxTxD)

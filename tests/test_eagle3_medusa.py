@@ -16,7 +16,7 @@ from models.eagle3 import (Eagle3Config, check_vocab_map, draft_logits_to_target
 from models.errors import CheckpointError
 from models.hf_folder import load_hf_folder, save_hf_folder
 from models.kv_cache import KVCache
-from models.medusa import MedusaConfig, init_medusa, medusa_logits, target_head_VxD
+from models.medusa import MedusaConfig, init_medusa, medusa_logits
 from tests.tiny_models import random_decoder
 
 B, T, VD = 2, 7, 40
@@ -175,20 +175,20 @@ def test_medusa_identity_head_gives_target_logits(tied):
   a, b = 0.7, jnp.linspace(-1, 1, 64)
   heads.res.kernel.set_value(heads.res.kernel[...].at[1].set(a * jnp.eye(64)))
   heads.res.bias.set_value(heads.res.bias[...].at[1].set(b))
-  out = jax.jit(medusa_logits)(nnx.state(heads), last_hidden, target_head_VxD(target))
+  out = jax.jit(medusa_logits)(nnx.state(heads), last_hidden, target.head_VxD())
   assert out.shape == (B, T, 3, 97) and out.dtype == jnp.float32
   np.testing.assert_allclose(out[:, :, 0], logits, rtol=1e-5, atol=1e-5)  # zero ResBlock
   np.testing.assert_allclose(out[:, :, 2], logits, rtol=1e-5, atol=1e-5)
   x = np.asarray(last_hidden, np.float64)
   pre = a * x + np.asarray(b)
-  expect = (x + pre / (1 + np.exp(-pre))) @ np.asarray(target_head_VxD(target), np.float64).T
+  expect = (x + pre / (1 + np.exp(-pre))) @ np.asarray(target.head_VxD(), np.float64).T
   np.testing.assert_allclose(out[:, :, 1], expect, rtol=1e-4, atol=1e-4)
   # Own heads start as copies of the target's head (Medusa's initialisation).
   own = init_medusa(MedusaConfig(64, 97, num_heads=2, own_head=True), seed=0, target=target)
   np.testing.assert_allclose(medusa_logits(nnx.state(own), last_hidden, None)[:, :, 1], logits,
                              rtol=1e-5, atol=1e-5)
   with pytest.raises(ValueError, match="target_head_VxD"):
-    medusa_logits(nnx.state(own), last_hidden, target_head_VxD(target))
+    medusa_logits(nnx.state(own), last_hidden, target.head_VxD())
   with pytest.raises(ValueError, match="target_head_VxD"):
     medusa_logits(nnx.state(heads), last_hidden, None)
 

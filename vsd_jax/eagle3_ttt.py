@@ -30,7 +30,7 @@ from models.eagle3 import (Eagle3Config, Eagle3Drafter, draft_to_target_ids, ini
 from models.kv_cache import KVCache
 from models.llama import Decoder
 from vsd_jax.vsd_diagnostics import tree_diagnostics_fn
-from vsd_jax.objective_api import (Objective, cast_floats, head_VxD, rank_of, shift_left,
+from vsd_jax.objective_api import (Objective, cast_floats, rank_of, shift_left,
                                    target_hidden, weighted_mean)
 
 
@@ -70,7 +70,7 @@ def unroll(drafter: Eagle3Drafter, tokens_BxT, features_BxTxF, steps: int,
 def target_draft_logits(target: Decoder, last_hidden_BxTxD, draft_target_ids_Vd):
   """The target's logits on the draft vocabulary only [B, T, Vd] (skips the full-vocab head)."""
   h = target.final_norm(last_hidden_BxTxD)
-  w_VdxD = head_VxD(target)[draft_target_ids_Vd]
+  w_VdxD = target.head_VxD()[draft_target_ids_Vd]
   return jnp.einsum("btd,vd->btv", h, w_VdxD.astype(h.dtype), preferred_element_type=jnp.float32)
 
 

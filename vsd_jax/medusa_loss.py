@@ -14,7 +14,7 @@ import numpy as np
 
 from models.llama import Decoder
 from models.medusa import MedusaConfig, init_medusa, medusa_logits
-from vsd_jax.objective_api import (Objective, cast_floats, head_VxD, rank_of, shift_left,
+from vsd_jax.objective_api import (Objective, cast_floats, rank_of, shift_left,
                                    target_hidden, weighted_mean)
 
 
@@ -33,7 +33,7 @@ def make_medusa_objective(cfg, target: Decoder, token_counts_Vt: np.ndarray) -> 
     tmodel = nnx.merge(target_graphdef, frozen["target"])
     h_BxTxD = tmodel.final_norm(target_hidden(target_graphdef, frozen["target"], batch,
                                               layers)[:, :, 0])
-    return medusa_logits(cast_floats(trainable, cfg.dtype), h_BxTxD, head_VxD(tmodel))
+    return medusa_logits(cast_floats(trainable, cfg.dtype), h_BxTxD, tmodel.head_VxD())
 
   def loss_fn(trainable, frozen, batch, rng):
     del rng

@@ -82,13 +82,6 @@ def target_hidden(target_graphdef, target_params, batch, hidden_layers: tuple[in
   return jax.lax.stop_gradient(hidden)
 
 
-def head_VxD(target: Decoder) -> jax.Array:
-  """The target's output head as [V, D] (its tied embedding, or lm_head transposed)."""
-  if target.cfg.tie_embeddings:
-    return target.embed.embedding[...]
-  return target.lm_head.kernel[...].T
-
-
 def shift_left(x_BxT, by: int, fill=0):
   """x[:, p + by] at column p; columns past the end hold `fill`."""
   if by == 0:

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
+import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm import tqdm
 
@@ -132,8 +132,8 @@ class Trainer:
     (loss, metrics), grads = jax.value_and_grad(self.objective.loss_fn, has_aux=True)(
         state.params, frozen, batch, sub)
     updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
-    params = jax.tree.map(lambda p, u: p + u, state.params, updates)
-    metrics = {**metrics, "loss": loss, "grad_norm": _global_norm(grads),
+    params = optax.apply_updates(state.params, updates)
+    metrics = {**metrics, "loss": loss, "grad_norm": optax.global_norm(grads),
                "lr": self.schedule(state.step)}
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state,
                       rng=jax.random.key_data(key)), metrics
@@ -308,8 +308,3 @@ class Trainer:
 
   def close(self):
     self.checkpointer.close()
-
-
-def _global_norm(tree) -> jax.Array:
-  return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32)))
-                      for x in jax.tree_util.tree_leaves(tree)))

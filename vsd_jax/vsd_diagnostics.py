@@ -27,10 +27,6 @@ from vsd_jax.vsd_paths import accepted_length
 if TYPE_CHECKING:
   from vsd_jax.eagle3_ttt import Eagle3Training
 
-COUNTS = ("positions", "greedy_pruned", "accepting", "accepted_is_greedy", "tree_accepted",
-          "greedy_accepted")
-
-
 def tree_diagnostics_fn(cfg, e3: "Eagle3Training") -> Callable | None:
   """diagnostics(trainable, frozen, batch) -> dict of int/float counts (sum over batches and
   pass to `diagnostic_rates`); None when cfg.diag_positions == 0."""
