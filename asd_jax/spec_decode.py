@@ -191,22 +191,26 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
                         asd_config=asd_config, sampling=sampling, eos_ids=eos_ids,
                         max_new_tokens=max_new_tokens, max_new_B=max_new_B, capacity=capacity,
                         lookahead=drafter.num_draft, what=f"K={drafter.num_draft}", seed=seed)
-  check_params(target, target_params, drafter, drafter_params)
-  start_stream(stream)
-  result = _asd_decode(target, target_params, drafter, drafter_params, *req.arrays,
-                       rule=req.rule, sampling=sampling.filters(),
-                       normalize_q=asd_config.normalize_q,
-                       max_new_tokens=req.max_new_tokens, capacity=req.capacity,
-                       eos_ids=req.eos_ids, stream=stream)
-  return finish_stream(stream, result)
+  return run_loop(_asd_decode, target, target_params, drafter, drafter_params, req,
+                  sampling=sampling, normalize_q=asd_config.normalize_q, stream=stream)
 
 
-def check_params(target: LanguageModelFns, target_params, drafter, drafter_params) -> None:
-  """Each model's params must be its own: another model's fail here, naming the first array."""
+def run_loop(loop, target: LanguageModelFns, target_params, drafter, drafter_params,
+             req: PreparedRequest, *, sampling: SamplingConfig, normalize_q: bool,
+             stream: TokenStream | None):
+  """Runs a speculative decode loop (_asd_decode or tree_decode._tree_decode) on a prepared
+  request: each model's params are checked to be its own (another model's fail here, naming
+  the first array), the stream is reset and its callback's exception re-raised."""
   request_checks.check_param_shapes("target_params", target_params, target.param_shapes,
                                     target.name)
   request_checks.check_param_shapes("drafter_params", drafter_params, drafter.param_shapes,
                                     drafter.name)
+  start_stream(stream)
+  result = loop(target, target_params, drafter, drafter_params, *req.arrays, rule=req.rule,
+                sampling=sampling.filters(), normalize_q=normalize_q,
+                max_new_tokens=req.max_new_tokens, capacity=req.capacity, eos_ids=req.eos_ids,
+                stream=stream)
+  return finish_stream(stream, result)
 
 
 @dataclasses.dataclass(frozen=True)

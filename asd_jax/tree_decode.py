@@ -26,9 +26,9 @@ from asd_jax.plain_decode import DECODE_LOOP_COMPILER_OPTIONS
 from asd_jax.request_checks import check_type
 from asd_jax.sampling import SamplingConfig
 from asd_jax.sampling_keys import split_keys
-from asd_jax.spec_decode import check_params, prepare_request
+from asd_jax.spec_decode import prepare_request, run_loop
 from asd_jax.spec_sampling import Filters, tree_sample_core
-from asd_jax.token_stream import TokenStream, finish_stream, start_stream
+from asd_jax.token_stream import TokenStream
 from asd_jax.tree_verify import tree_asd_verify_traced, tree_greedy_verify, tree_paths
 
 
@@ -189,11 +189,5 @@ def asd_tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafte
                         asd_config=asd_config, sampling=sampling, eos_ids=eos_ids,
                         max_new_tokens=max_new_tokens, max_new_B=max_new_B, capacity=capacity,
                         lookahead=lookahead, what=f"tree {shape}", seed=seed)
-  check_params(target, target_params, drafter, drafter_params)
-  start_stream(stream)
-  result = _tree_decode(target, target_params, drafter, drafter_params, *req.arrays,
-                        rule=req.rule, sampling=sampling.filters(),
-                        normalize_q=asd_config.normalize_q,
-                        max_new_tokens=req.max_new_tokens, capacity=req.capacity,
-                        eos_ids=req.eos_ids, stream=stream)
-  return finish_stream(stream, result)
+  return run_loop(_tree_decode, target, target_params, drafter, drafter_params, req,
+                  sampling=sampling, normalize_q=asd_config.normalize_q, stream=stream)
