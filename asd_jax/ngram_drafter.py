@@ -82,8 +82,8 @@ def lookup_draft(history_BxC: jax.Array, length_B: jax.Array, num_draft: int,
 def ngram_drafter(num_draft: int, vocab_size: int, *, max_ngram: int = 3,
                   min_ngram: int = 2, store: NgramStore | None = None) -> ChainDrafter:
   """A ChainDrafter proposing K tokens by n-gram lookup. Its params are None, or with `store`
-  (asd_jax.ngram_store) the store's tables (drafter_params=store.tables): a row whose own tokens hold no match drafts the
-  stored continuation of its longest stored suffix instead.
+  (asd_jax.ngram_store) the store's tables (drafter_params=store.tables): a row whose own
+  tokens hold no match drafts the stored continuation of its longest stored suffix instead.
 
   A row without a match of at least min_ngram tokens has no draft worth verifying
   (`draft_length` 0); when no row in the batch has one, the engine runs a plain decoding step,

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from asd_jax import request_checks
+from asd_jax import verify_checks as checks
 from asd_jax.asd_config import PAPER, ASDConfig
 from asd_jax.asd_verify import asd_verify_traced, config_scalars
 from asd_jax.decode_rounds import (RoundState, SpecDecodeResult, commit_round, finish,
@@ -58,7 +59,7 @@ def _verify(rule, draft_BxK, draft_logits, target_logits_BxK1xV, spent_B, asd_sc
     return asd_verify_traced(draft_BxK, target_logits_BxK1xV, spent_B, budget, gate,
                              max_exceptions, normalize_q=normalize_q)
   b, k = draft_BxK.shape
-  lengths_B = jnp.full((b,), k, jnp.int32) if draft_lengths_B is None else draft_lengths_B
+  lengths_B = checks.draft_lengths(draft_lengths_B, b, k, check_values=False)
   verdict = chain_sample_core(draft_BxK, draft_logits, target_logits_BxK1xV, key, lengths_B,
                               sampling, noise_slots=noise_slots)
   return verdict._replace(spent=spent_B)

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
+import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm import tqdm
@@ -133,7 +134,7 @@ class Trainer:
         state.params, frozen, batch, sub)
     updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {**metrics, "loss": loss, "grad_norm": optax.global_norm(grads),
+    metrics = {**metrics, "loss": loss, "grad_norm": _global_norm(grads),
                "lr": self.schedule(state.step)}
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state,
                       rng=jax.random.key_data(key)), metrics
@@ -308,3 +309,10 @@ class Trainer:
 
   def close(self):
     self.checkpointer.close()
+
+
+def _global_norm(tree) -> jax.Array:
+  # Squares summed in float32 whatever the gradients' dtype (optax.global_norm is deprecated
+  # and sums in the input dtype, where bf16 squares overflow or lose the small terms).
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32)))
+                      for x in jax.tree_util.tree_leaves(tree)))
