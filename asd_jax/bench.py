@@ -31,8 +31,8 @@ import sys
 from asd_jax.asd_config import PAPER
 from asd_jax.bench_prompts import SUITES, load_prompts, parse_suites
 from asd_jax.bench_protocol import SCHEDULES
-from asd_jax.bench_rows import (BenchContext, PreparedRow, RowRunner, make_batches,
-                               ours_plain_greedy, run_rows)
+from asd_jax.bench_rows import (PROMPT_BUCKET, BenchContext, PreparedRow, RowRunner,
+                               make_batches, ours_plain_greedy, run_rows)
 from asd_jax.cli_common import (check_output_path, enable_compilation_cache, run_cli,
                                split_list_flag)
 from configs.model_pairs import apply_pair
@@ -86,6 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--batch-size", type=int, default=1, help="prompts per call (default: 1)")
   p.add_argument("--repeats", type=int, default=1,
                  help="timed passes over the prompts after the warm-up (default: 1)")
+  p.add_argument("--prompt-bucket", type=int, default=PROMPT_BUCKET, metavar="N",
+                 help="pad prompts to a multiple of N tokens, one compiled program per padded "
+                 f"width (default {PROMPT_BUCKET}; on an accelerator, where padding a prefill "
+                 "is almost free and a compile takes seconds, a width past the longest prompt "
+                 "compiles each row once)")
   p.add_argument("--skip-transformers", action="store_true",
                  help="leave out the transformers reference row")
   p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
@@ -293,7 +298,8 @@ def _check_args(args) -> tuple[tuple[str, ...], list[str]]:
   parse_budgets(args.asd_budgets)
   for flag, value in (("--num-prompts", args.num_prompts),
                       ("--max-new-tokens", args.max_new_tokens),
-                      ("--batch-size", args.batch_size), ("--repeats", args.repeats)):
+                      ("--batch-size", args.batch_size), ("--repeats", args.repeats),
+                      ("--prompt-bucket", args.prompt_bucket)):
     if value <= 0:
       raise ValueError(f"{flag} must be positive, got {value}")
   if args.mode in ("spec", "suite"):
@@ -354,6 +360,7 @@ def config_dict(args, suites: tuple[str, ...], rows: tuple[str, ...]) -> dict:
           "ignore_eos": args.ignore_eos, "batch_size": args.batch_size,
           "repeats": args.repeats, "skip_transformers": args.skip_transformers,
           "llama_cpp": args.llama_cpp, "weight_blocks": args.weight_blocks,
+          "prompt_bucket": args.prompt_bucket,
           "draft": args.draft, "k": args.k, "tree": args.tree,
           "asd_budgets": args.asd_budgets, "calibrate_prompts": args.calibrate_prompts,
           "calibration_source": args.calibration_source,
@@ -383,6 +390,7 @@ def main(argv=None):
   tokenizer = load_tokenizer(args.target)
   encoded = [(p.suite, encode_chat(tokenizer, p.text)) for p in prompts]
   ctx = BenchContext(target=args.target, tokenizer=tokenizer, weight_blocks=args.weight_blocks,
+                     prompt_bucket=args.prompt_bucket,
                      batches=make_batches(encoded, args.batch_size),
                      max_new_tokens=args.max_new_tokens, eos_ids=(), batch_size=args.batch_size,
                      repeats=args.repeats,

@@ -18,7 +18,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-PROMPT_BUCKET = 64  # prompt widths round up to this, so few programs are compiled
+# Prompt widths round up to a multiple of this, so few programs are compiled. An accelerator,
+# where padding a prefill costs next to nothing and a compile costs seconds, wants a wider one
+# (`--prompt-bucket`).
+PROMPT_BUCKET = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +43,7 @@ class BenchContext:
   repeats: int
   progress: Callable[..., Any] | None = None   # tqdm-like factory(total=, desc=)
   weight_blocks: bool = True                    # load_decoder(weight_blocks=...)
+  prompt_bucket: int = PROMPT_BUCKET            # padded prompt widths are multiples of this
   # Drafter setups by (draft, k, tree, kind), shared by the rows of one drafter so that they
   # share compiled programs (a budget sweep compiles once) and parameter buffers.
   drafter_setups: dict = dataclasses.field(default_factory=dict)
@@ -122,17 +126,17 @@ def first_call_only(warmup: Callable[[], None]) -> Callable[[Sequence[Batch]], N
   return warm
 
 
-def padded_width(batch: Batch) -> int:
+def padded_width(batch: Batch, bucket: int = PROMPT_BUCKET) -> int:
   """The prompt width `padded_batch` gives this batch: one compiled program per width."""
   from asd_jax.cli_common import bucketed_width
-  return bucketed_width(max(len(r) for r in batch.rows), PROMPT_BUCKET)
+  return bucketed_width(max(len(r) for r in batch.rows), bucket)
 
 
-def width_groups(batches: Sequence[Batch]) -> list[list[int]]:
+def width_groups(batches: Sequence[Batch], bucket: int = PROMPT_BUCKET) -> list[list[int]]:
   """Indices of `batches` grouped by padded prompt width (widths in order of first use)."""
   groups: dict[int, list[int]] = {}
   for i, batch in enumerate(batches):
-    groups.setdefault(padded_width(batch), []).append(i)
+    groups.setdefault(padded_width(batch, bucket), []).append(i)
   return list(groups.values())
 
 
@@ -153,7 +157,7 @@ def run_rows(ctx: BenchContext, rows: Sequence[PreparedRow]) -> list[RowResult]:
   released = 0
   bar = (ctx.progress(total=ctx.repeats * len(ctx.batches) * len(rows), desc="bench")
          if ctx.progress else None)
-  for g, group in enumerate(width_groups(ctx.batches)):
+  for g, group in enumerate(width_groups(ctx.batches, ctx.prompt_bucket)):
     if g and release_if_near_limit():
       released += 1
     for row in rows:
@@ -216,12 +220,12 @@ def make_batches(prompts: Sequence[tuple[str, Sequence[int]]], batch_size: int) 
 
 
 def padded_batch(ctx: BenchContext, batch: Batch, max_new: int):
-  """(prompt_BxT, lengths_B, max_new_B): right-padded to PROMPT_BUCKET and filled up to
+  """(prompt_BxT, lengths_B, max_new_B): right-padded to ctx.prompt_bucket and filled up to
   batch_size with dummy rows that generate nothing, so each prompt width compiles once."""
   from asd_jax.cli_common import right_pad
   rows = list(batch.rows)
   filler = ctx.batch_size - len(rows)
-  prompt, lengths = right_pad(rows + [rows[-1]] * filler, bucket=PROMPT_BUCKET)
+  prompt, lengths = right_pad(rows + [rows[-1]] * filler, bucket=ctx.prompt_bucket)
   return prompt, lengths, np.array([max_new] * len(rows) + [0] * filler, np.int32)
 
 
@@ -233,7 +237,7 @@ def warmup_per_width(ctx: BenchContext, call: Callable[[Batch, int], BatchOutput
   def first_per_width(batches: Sequence[Batch]) -> dict[int, Batch]:
     widths: dict[int, Batch] = {}
     for batch in batches:
-      widths.setdefault(padded_width(batch), batch)
+      widths.setdefault(padded_width(batch, ctx.prompt_bucket), batch)
     return widths
 
   def warmup(batches: Sequence[Batch]) -> None:
@@ -246,7 +250,7 @@ def warmup_per_width(ctx: BenchContext, call: Callable[[Batch, int], BatchOutput
 def ours_plain_greedy(ctx: BenchContext) -> PreparedRow:
   """asd_jax.plain_decode, greedy: the baseline every speedup is measured against.
 
-  Batches are right-padded to a width that is a multiple of PROMPT_BUCKET and filled up to
+  Batches are right-padded to a width that is a multiple of ctx.prompt_bucket and filled up to
   batch_size with dummy rows that generate nothing, so each prompt width compiles one program.
   The warm-up runs each distinct program once with max_new_B = 1 (same compiled program, since
   max_new_B is a traced argument), which compiles without paying a full generation.

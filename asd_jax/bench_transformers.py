@@ -74,7 +74,8 @@ def transformers_generate_greedy(ctx: BenchContext) -> PreparedRow:
   the model may emit it and go on, exactly as our loop with no eos_ids does; min_new_tokens = N
   then only guarantees the fixed length. (min_new_tokens alone would mask EOS logits and change
   the greedy path wherever EOS is the argmax.) Batches larger than one are left-padded with an
-  attention mask, which is what generate expects for decoder-only models.
+  attention mask, which is what generate expects for decoder-only models. The model runs on
+  the GPU when torch sees one (the accelerator column), else on the CPU.
   """
   import torch
   import transformers
@@ -82,8 +83,9 @@ def transformers_generate_greedy(ctx: BenchContext) -> PreparedRow:
 
   folder = hf_folder_for(ctx.target)
   t0 = time.perf_counter()
+  device = "cuda" if torch.cuda.is_available() else "cpu"
   model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
-                                               local_files_only=True).eval()
+                                               local_files_only=True).eval().to(device)
   load_s = time.perf_counter() - t0
   kwargs, pad_id = greedy_generate_kwargs(ctx, model)
 
@@ -95,11 +97,12 @@ def transformers_generate_greedy(ctx: BenchContext) -> PreparedRow:
       ids[b, width - len(r):] = torch.tensor(r, dtype=torch.long)
       mask[b, width - len(r):] = 1
     with torch.inference_mode():
-      out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+      out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
     return BatchOutput([until_eos(new, ctx.eos_ids) for new in out[:, width:].tolist()])
 
   return PreparedRow("transformers_generate_greedy", run_batch,
                      warmup=first_call_only(lambda: run_batch(ctx.batches[0])), extra={
                          "model_class": type(model).__name__, "hf_folder": str(folder),
-                         "torch_threads": torch.get_num_threads(), "load_s": round(load_s, 2),
+                         "torch_threads": torch.get_num_threads(), "torch_device": device,
+                         "load_s": round(load_s, 2),
                          "transformers_version": transformers.__version__})

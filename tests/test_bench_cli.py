@@ -38,6 +38,7 @@ def _private_cache(tmp_path, monkeypatch):
     (["--max-new-tokens", "-3"], "--max-new-tokens must be positive"),
     (["--batch-size", "0"], "--batch-size must be positive"),
     (["--repeats", "0"], "--repeats must be positive"),
+    (["--prompt-bucket", "0"], "--prompt-bucket must be positive"),
     (["--pair", "gpt2"], "unknown model pair 'gpt2'"),
     (["--pair", "smollm2-135m", "--mode", "ar"], "but --mode ar runs plain decoding rows only"),
     (["--pair", "smollm2-135m", "--draft", "ngram"], "but --draft ngram was also given"),
@@ -154,6 +155,25 @@ def test_rows_go_width_by_width_and_release_programs_only_near_the_map_limit(mon
   assert released == [10]   # once, between the second and the third width, before warming up
   assert results[0].outputs == [[1], [2], [3], [4]]   # outputs keep the prompts' order
   assert results[0].extra["compiled_programs_released"] == 1
+
+
+def test_a_wide_prompt_bucket_puts_every_prompt_in_one_width_group():
+  """--prompt-bucket: the same prompts as above pad to one width of 256, so each row warms up
+  (compiles) once, and the padded batch the engines get is that wide."""
+  from asd_jax.bench_rows import padded_batch, width_groups
+  prompts = [("s", [1]), ("s", [2] * 70), ("s", [3] * 2), ("s", [4] * 130)]
+  batches = make_batches(prompts, batch_size=1)
+  assert width_groups(batches) == [[0, 2], [1], [3]]
+  assert width_groups(batches, 256) == [[0, 1, 2, 3]]
+  warmed = []
+  row = PreparedRow("a", lambda batch: BatchOutput([[0] for _ in batch.rows]),
+                    warmup=lambda group: warmed.append(len(group)))
+  ctx = BenchContext(target="t", tokenizer=None, batches=batches, max_new_tokens=1, eos_ids=(),
+                     batch_size=1, repeats=1, prompt_bucket=256)
+  run_rows(ctx, [row])
+  assert warmed == [4]
+  prompt_BxT, lengths_B, _ = padded_batch(ctx, batches[3], 1)
+  assert prompt_BxT.shape == (1, 256) and lengths_B.tolist() == [130]
 
 
 def test_release_if_near_limit_reads_proc_and_is_a_no_op_without_it(monkeypatch, tmp_path):

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The accelerator column: the suite's speed rows and transformers generate, on a GPU.
+#
+#   scripts/gpu_bench.sh [OUT_DIR]     # default out/gpu; ~7 min on one H200, compiles included
+#
+# Same prompts and rows as the CPU suite's speed stage (README "Results: one suite run with
+# every row"): first 10 MT-Bench + 10 HumanEval prompts, 256 new tokens, EOS ignored, batch 1,
+# float32; plain decoding, the n-gram store (K=5) and EAGLE-3 (chain K=3, tree 4,4,16), strict
+# and ASD (paper preset). Prompts pad to 256 tokens (--prompt-bucket), so each row compiles
+# once: on a GPU a padded prefill costs next to nothing and a compile takes seconds.
+# Each stage has its own time limit and writes its own JSON, so a slow stage costs only itself.
+# The environment must already hold the package and the assets (`make venv`, or PYTHONPATH).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-python3}
+OUT_DIR=${1:-out/gpu}
+NUM_PROMPTS=${NUM_PROMPTS:-10}
+MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-256}
+mkdir -p "$OUT_DIR"
+export PYTHONUNBUFFERED=1
+# The native kernels are CPU-only (models/native_kernels.py): don't compile them here.
+export ASD_JAX_NATIVE=${ASD_JAX_NATIVE:-0}
+
+stage() {  # stage NAME SECONDS CMD...: one stage under its own limit, its output teed to a log
+  local name=$1 limit=$2; shift 2
+  echo "=== $name (limit ${limit}s) ==="
+  local t0=$SECONDS
+  timeout "$limit" "$@" 2>&1 | grep -v '^bench:\|it/s\]' | tee "$OUT_DIR/$name.log"
+  echo "=== $name: exit ${PIPESTATUS[0]} after $((SECONDS - t0)) s ==="
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+$PY -c "import jax, flax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())"
+
+# Two spec stages, each with its own plain row as the baseline of the same run, so a stage that
+# runs out of time loses only its own rows.
+SPEC=(--mode spec --num-prompts "$NUM_PROMPTS" --max-new-tokens "$MAX_NEW_TOKENS"
+      --prompt-bucket 256 --skip-transformers)
+stage ngram "${NGRAM_LIMIT:-150}" $PY -m asd_jax.bench "${SPEC[@]}" --draft ngram+store@5 \
+  --json "$OUT_DIR/gpu_ngram.json"
+stage eagle3 "${EAGLE3_LIMIT:-240}" $PY -m asd_jax.bench "${SPEC[@]}" \
+  --draft smollm2-135m-eagle3@3 --tree 4,4,16 --json "$OUT_DIR/gpu_eagle3.json"
+# transformers generate on the same GPU, next to our plain decoding (fewer prompts: HF's loop
+# is slow enough to dominate the stage).
+stage ar "${AR_LIMIT:-90}" $PY -m asd_jax.bench --mode ar --num-prompts 2 \
+  --max-new-tokens "$MAX_NEW_TOKENS" --prompt-bucket 256 --json "$OUT_DIR/gpu_ar.json"
