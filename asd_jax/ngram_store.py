@@ -25,6 +25,7 @@ L = MAX_CONTINUATION.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 from typing import Sequence
@@ -139,6 +140,21 @@ def build_store(sequences: Sequence[Sequence[int]], vocab_size: int, min_n: int 
   return NgramStore(min_n, max_n, int(vocab_size), tables, int(sum(map(len, seqs))))
 
 
+# How each round's lookup binary-searches a table (jnp.searchsorted's `method`). "scan" is a
+# while loop of log2(M) steps (17 for the shipped store), the fastest on a CPU. On a GPU each
+# step of an XLA while loop is its own kernel launches plus a read of the loop condition, for
+# each table (3) every round, so accelerators take the unrolled search, as JAX's documentation
+# advises for GPUs: the same indices, no loop.
+SEARCH_METHODS = {"cpu": "scan", "default": "scan_unrolled"}
+
+
+def _search(hashes_M: jax.Array, h_B: jax.Array) -> jax.Array:
+  return jax.lax.platform_dependent(
+      hashes_M, h_B,
+      **{platform: functools.partial(jnp.searchsorted, method=method)
+         for platform, method in SEARCH_METHODS.items()})
+
+
 def store_draft(tables: dict, history_BxC: jax.Array, length_B: jax.Array,
                 num_draft: int) -> tuple[jax.Array, jax.Array]:
   """(int32[B, K] draft, int32[B] n): the continuation of each row's longest stored suffix and
@@ -158,7 +174,7 @@ def store_draft(tables: dict, history_BxC: jax.Array, length_B: jax.Array,
     suffix_BxN = history_BxC[rows_Bx1, pos_BxN]
     h_B = _fnv_hash_jax(suffix_BxN)
     hashes_M = jnp.asarray(t["hashes"])
-    idx_B = jnp.clip(jnp.searchsorted(hashes_M, h_B), 0, hashes_M.shape[0] - 1)
+    idx_B = jnp.clip(_search(hashes_M, h_B), 0, hashes_M.shape[0] - 1)
     hit_B = ((hashes_M[idx_B] == h_B) & (jnp.asarray(t["grams"])[idx_B] == suffix_BxN).all(-1)
              & (length_B >= n))
     cont_BxL = jnp.asarray(t["continuations"])[idx_B]

@@ -136,7 +136,11 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
       # per-request seed contract). Width 0 is a plain step.
       lengths_B = jnp.where(s.done_B, 0, drafter.draft_length(drafter_state))
       widths = (0,) + drafter.widths
-      branch = jnp.searchsorted(jnp.asarray(widths, jnp.int32), jnp.max(lengths_B))
+      # A handful of widths: one comparison each ("compare_all"). The default binary search
+      # is a while loop, and on a GPU every loop step costs kernel launches and a read of its
+      # condition, each round.
+      branch = jnp.searchsorted(jnp.asarray(widths, jnp.int32), jnp.max(lengths_B),
+                                method="compare_all")
       branches = [plain_step] + [functools.partial(verify_round, w) for w in drafter.widths]
       own_B = lengths_B if rule == "sample" else None
       target_cache, verdict = jax.lax.switch(branch, branches, s, draft_BxK, draft_logits,

@@ -90,6 +90,51 @@ def test_jax_hash_equals_numpy_hash():
           == fnv_hash(grams)).all()
 
 
+def test_every_platforms_search_method_finds_numpys_indices():
+  """SEARCH_METHODS: the CPU's scan and the accelerators' unrolled search give numpy's
+  insertion points on a store's hash table, for stored hashes, absent ones and the extremes."""
+  import jax.numpy as jnp
+  rng = np.random.RandomState(0)
+  store = build_store([rng.randint(0, 500, 300).tolist() for _ in range(20)], 500, 2, 4)
+  hashes = store.tables[3]["hashes"]
+  queries = np.concatenate([hashes[::7], rng.randint(0, 2**32, 200, dtype=np.uint64),
+                            [0, 2**32 - 1]]).astype(np.uint32)
+  expected = np.searchsorted(hashes, queries)
+  for method in set(ngram_store.SEARCH_METHODS.values()):
+    got = jnp.searchsorted(jnp.asarray(hashes), jnp.asarray(queries), method=method)
+    np.testing.assert_array_equal(np.asarray(got), expected, err_msg=method)
+
+
+def test_a_store_round_compiles_to_no_loop_of_its_own_on_a_gpu():
+  """Lowered for CUDA (no GPU needed), the chain engine with a store drafter holds one while
+  loop, the rounds': neither the store's table search nor the choice of verification width
+  loops inside a round, where on a GPU every loop step costs kernel launches and a read of its
+  condition. Lowered for the CPU the store keeps its binary-search loops (SEARCH_METHODS)."""
+  from jax import export
+
+  from asd_jax.asd_config import PAPER
+  from asd_jax.sampling import SamplingConfig
+  from asd_jax.spec_decode import _asd_decode, prepare_request
+  fns = fake_lm(vocab_size=16)
+  store = build_store([list(range(16))], vocab_size=16, min_n=2, max_n=4)
+  drafter = ngram_drafter(3, 16, store=store)
+  sampling = SamplingConfig()
+  req = prepare_request(fns, 16, np.array([[0, 1, 2]], np.int32), np.array([3], np.int32),
+                        rule="strict", asd_config=PAPER, sampling=sampling, eos_ids=(),
+                        max_new_tokens=12, max_new_B=None, capacity=None, lookahead=3,
+                        what="K=3")
+
+  def loops(platform):
+    exported = export.export(_asd_decode, platforms=[platform])(
+        fns, None, drafter, store.tables, *req.arrays, rule=req.rule,
+        sampling=sampling.filters(), normalize_q=False, max_new_tokens=req.max_new_tokens,
+        capacity=req.capacity, eos_ids=req.eos_ids, stream=None)
+    return exported.mlir_module().count("stablehlo.while")
+
+  assert loops("cuda") == 1
+  assert loops("cpu") > 1
+
+
 def test_a_hash_collision_never_returns_another_ngrams_continuation(monkeypatch):
   # Every bigram starting with an even token hashes alike: (2, 1) x2 wins the slot over (4, 1).
   monkeypatch.setattr(ngram_store, "fnv_hash", lambda g: (g[..., 0] % 2).astype(np.uint32))
