@@ -1,8 +1,9 @@
 """Benchmark rows for speculative decoding: one runner per (drafter, chain/tree, rule).
 
 Same harness as the plain row (asd_jax/bench_rows.py): prompts right-padded to multiples of
-ctx.prompt_bucket (`--prompt-bucket`), batches filled with dummy rows that generate nothing, one untimed warm-up per
-compiled prompt width. tau = committed tokens / verification rounds over the whole run.
+ctx.prompt_bucket (`--prompt-bucket`), batches filled with dummy rows that generate nothing,
+one untimed warm-up per compiled prompt width. tau = committed tokens / verification rounds
+over the whole run.
 """
 
 from __future__ import annotations
