@@ -40,7 +40,10 @@ def tree_paths(parents_N, depth: int):
   def up(cur_N, _):
     return jnp.where(cur_N >= 0, parents_N[jnp.maximum(cur_N, 0)], -1), cur_N
 
-  beyond_N, anc_DxN = lax.scan(up, jnp.arange(n, dtype=jnp.int32), None, length=depth)
+  # Unrolled: `depth` small integer steps, the same results, and no while loop in a decode
+  # round, where on a GPU every loop step costs kernel launches and a read of its condition.
+  beyond_N, anc_DxN = lax.scan(up, jnp.arange(n, dtype=jnp.int32), None, length=depth,
+                               unroll=True)
   inside_N = beyond_N < 0
   depth_N = jnp.where(inside_N, jnp.sum(anc_DxN >= 0, axis=0, dtype=jnp.int32), 0)
   up_NxD = depth_N[:, None] - 1 - jnp.arange(depth, dtype=jnp.int32)

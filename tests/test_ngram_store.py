@@ -110,8 +110,6 @@ def test_a_store_round_compiles_to_no_loop_of_its_own_on_a_gpu():
   loop, the rounds': neither the store's table search nor the choice of verification width
   loops inside a round, where on a GPU every loop step costs kernel launches and a read of its
   condition. Lowered for the CPU the store keeps its binary-search loops (SEARCH_METHODS)."""
-  from jax import export
-
   from asd_jax.asd_config import PAPER
   from asd_jax.sampling import SamplingConfig
   from asd_jax.spec_decode import _asd_decode, prepare_request
@@ -125,11 +123,12 @@ def test_a_store_round_compiles_to_no_loop_of_its_own_on_a_gpu():
                         what="K=3")
 
   def loops(platform):
-    exported = export.export(_asd_decode, platforms=[platform])(
+    lowered = _asd_decode.trace(
         fns, None, drafter, store.tables, *req.arrays, rule=req.rule,
         sampling=sampling.filters(), normalize_q=False, max_new_tokens=req.max_new_tokens,
-        capacity=req.capacity, eos_ids=req.eos_ids, stream=None)
-    return exported.mlir_module().count("stablehlo.while")
+        capacity=req.capacity, eos_ids=req.eos_ids, stream=None).lower(
+            lowering_platforms=(platform,))
+    return lowered.as_text().count("stablehlo.while")
 
   assert loops("cuda") == 1
   assert loops("cpu") > 1
