@@ -172,6 +172,17 @@ class TrainConfig:
     if len(self.eval_tree) != 2 or (tuple(self.eval_tree) != (0, 0) and min(self.eval_tree) <= 0):
       raise ValueError(f"eval_tree must be (depth, top-k), both positive, or (0, 0) for off; "
                        f"got {self.eval_tree}")
+    # The drafter's deepest term (and the simulated-tau evaluation) labels position p with the
+    # token `depth + 1` places on; a sequence no longer than that leaves the deepest terms no
+    # label at all, and they would train (or score) nothing without a word.
+    depths = {"eagle3": ("ttt_steps", self.ttt_steps), "medusa": ("medusa_heads",
+                                                                   self.medusa_heads)}
+    looks = [depths[self.drafter]] if self.drafter in depths else []
+    looks += [("eval_k", self.eval_k), ("eval_tree depth", self.eval_tree[0])]
+    name, deepest = max(looks, key=lambda item: item[1])
+    if self.seq_len <= deepest + 1:
+      raise ValueError(f"seq_len={self.seq_len} leaves {name}={deepest} no label: each row "
+                       f"needs more than {deepest + 1} tokens; raise seq_len or lower {name}")
 
   def dataset_dir(self) -> str:
     return self.data_dir or f"out/data/{self.name}"

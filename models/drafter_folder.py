@@ -89,6 +89,11 @@ def load_standalone_drafter(path: str | os.PathLike, target=None,
   """
   folder = resolve_drafter(path)
   hf_config, tensors = load_hf_folder(folder)
+  from models.drafter_setup import kind_of_config  # drafter_setup imports this module
+  kind = kind_of_config(hf_config)
+  if kind != "standalone":  # else: a missing tensor or an unknown architecture, not the cause
+    raise CheckpointError(f"{folder} holds a {kind} drafter, not a standalone LM; load it with "
+                          f"models.drafter_setup.setup_drafter(..., kind={kind!r})")
   cfg = ModelConfig.from_hf_config(hf_config, dtype=dtype)
   shared = hf_config.get(SHARED_EMBEDDING_KEY)
   embedding = None

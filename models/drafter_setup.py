@@ -61,6 +61,11 @@ def infer_kind(name_or_path: str | os.PathLike) -> str:
     hf = json.loads((Path(folder) / "config.json").read_text())
   except (OSError, ValueError) as e:
     raise CheckpointError(f"{folder}/config.json: unreadable ({e})") from None
+  return kind_of_config(hf)
+
+
+def kind_of_config(hf: dict) -> str:
+  """The drafter kind a drafter folder's config.json describes."""
   kind = hf.get("asd_jax_drafter")
   if kind in KINDS:
     return kind

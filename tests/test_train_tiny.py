@@ -141,6 +141,57 @@ def test_bad_inputs_give_clear_errors(tiny_data, tmp_path, capsys):
   assert code == 2 and "holds answers made as 'greedy'" in err and "--overwrite" in err
 
 
+def test_a_resume_keeps_its_runs_settings_and_never_goes_back(tiny_data, tmp_path, capsys):
+  """Resuming with other training settings would continue another run under this one's name
+  (and an export's manifest would describe neither); asking for fewer steps than the workdir
+  holds would run nothing and export the later drafter. Both are refused, nothing written."""
+  base = ["--config=tiny", "--no-progress", "--set", f"data_dir={tiny_data}",
+          "--set", "eval_every=0", "--set", "ckpt_every=2"]
+  work = str(tmp_path / "run")
+  code, err = run_cli(base + ["--workdir", work, "--steps=4"], capsys)
+  assert code == 0, err
+  for extra, message in ((["--set", "lr=0.05"], "lr: checkpoint 0.003 vs run 0.05"),
+                         (["--set", "batch_size=4", "--set", "data_seed=7"],
+                          "batch_size: checkpoint 8 vs run 4; data_seed: checkpoint 0 vs run 7")):
+    code, err = run_cli(base + ["--workdir", work, "--steps=6"] + extra, capsys)
+    assert code == 2 and "trained with other settings" in err and message in err, err
+  code, err = run_cli(base + ["--workdir", work, "--steps=2", "--export",
+                              str(tmp_path / "drafter")], capsys)
+  assert code == 2 and "holds step 4, past the 2 steps asked for" in err, err
+  assert not (tmp_path / "drafter").exists()
+  assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("[0-9]*")) == ["2", "4"]
+  # the bookkeeping may change, and a run may go on for longer
+  code, err = run_cli(base + ["--workdir", work, "--steps=6", "--set", "log_every=1"], capsys)
+  assert code == 0, err
+  assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("[0-9]*"))[-1] == "6"
+
+
+def test_rows_that_hold_no_answer_token_are_refused(tiny_data, tmp_path, capsys):
+  """Rows are cut to seq_len: where that cuts off every answer, each batch trains on nothing
+  (loss 0) and the run would still end "done" and export; and a seq_len no longer than the
+  deepest unroll step, head or evaluation depth leaves those terms without labels."""
+  from vsd_jax.data import check_answers_fit
+  check_answers_fit(tiny_data, 32)
+  with pytest.raises(DatasetError, match=r"within seq_len=3 \(its earliest first answer token "
+                     r"is at position \d+\)"):
+    check_answers_fit(tiny_data, 3)
+  base = ["--no-progress", "--set", f"data_dir={tiny_data}", "--workdir", str(tmp_path / "w")]
+  code, err = run_cli(["--config=tiny", "--set", "seq_len=3", "--set", "ttt_steps=1",
+                       "--set", "eval_k=1", "--set", "eval_tree=0,0"] + base, capsys)
+  assert code == 2 and "no row of split 'train'" in err and "raise seq_len" in err, err
+  for argv, message in (
+      (["--config=tiny", "--set", "seq_len=4", "--set", "eval_k=2", "--set", "eval_tree=2,2"],
+       "seq_len=4 leaves ttt_steps=3 no label"),
+      (["--config=tiny_medusa", "--set", "medusa_heads=40"], "leaves medusa_heads=40 no label"),
+      (["--config=tiny", "--set", "eval_k=31"], "seq_len=32 leaves eval_k=31 no label"),
+      (["--config=tiny", "--objective=vsd", "--set", "vsd_depth=40"],
+       "seq_len=32 leaves vsd_depth=40 no oracle tokens")):
+    code, err = run_cli(argv + base, capsys)
+    assert code == 2 and message in err, err
+  assert not (tmp_path / "w" / "checkpoints").exists() or not any(
+      (tmp_path / "w" / "checkpoints").glob("[0-9]*"))
+
+
 def test_unknown_override_and_preset():
   with pytest.raises(ValueError, match="unknown training preset"):
     get_preset("smollm2_eagle4")

@@ -6,11 +6,13 @@ complete, so a run killed mid-save leaves only whole checkpoints). Items:
 
   state  StandardSave  TrainState (params, optimiser state, step, RNG), sharded as in training
   data   JsonSave      DataPosition of the batch reader after the saved step
-  meta   JsonSave      objective description, parameter shapes, target, preset name
+  meta   JsonSave      objective description, parameter shapes, target, preset name, and the
+                       training settings that decide the run (trainer.TRAJECTORY_SETTINGS)
 
 Resume, --init-from and --eval-only refuse a checkpoint whose drafter, target, parameter
 shapes, fused target layers or draft vocabulary map (a sha256 of d2t, which the data_dir's
-token counts decide) differ from the run's.
+token counts decide) differ from the run's; resume and --eval-only also refuse other objective
+or training settings (--init-from starts a new run, so it may change them).
 """
 
 from __future__ import annotations
@@ -164,6 +166,14 @@ def check_compatible(saved: dict, current: dict, where, same_objective: bool = T
     raise CheckpointMismatchError(
         f"checkpoint {where} was trained with --objective={saved_flag}, this run has "
         f"--objective={run_flag}: pass --objective={saved_flag}, or use another --workdir")
+  s_run, c_run = saved.get("training"), current.get("training")
+  if same_objective and s_run is not None and s_run != c_run:  # older checkpoints: no field
+    diff = "; ".join(f"{k}: checkpoint {s_run.get(k)!r} vs run {(c_run or {}).get(k)!r}"
+                     for k in sorted(set(s_run) | set(c_run or {}))
+                     if s_run.get(k) != (c_run or {}).get(k))
+    raise CheckpointMismatchError(
+        f"checkpoint {where} was trained with other settings ({diff}): resuming would "
+        f"continue another run than this one; pass the same --set flags{hint}")
   if same_objective and s_obj != c_obj:
     diff = "; ".join(f"{k}: checkpoint {s_obj.get(k)!r} vs run {c_obj.get(k)!r}"
                      for k in sorted(set(s_obj) | set(c_obj)) if s_obj.get(k) != c_obj.get(k))

@@ -108,6 +108,27 @@ def fixed_batches(data_dir, split: str, batch_size: int, seq_len: int, limit: in
   return out
 
 
+def check_answers_fit(data_dir, seq_len: int, split: str = "train") -> None:
+  """Refuses a split none of whose answers starts within the first seq_len tokens: rows are
+  truncated to seq_len, so every batch would hold no loss token and the run would train on
+  nothing (loss 0) and still end "done". Stops reading at the first row that fits."""
+  source = open_split(data_dir, split)
+  first_answer = None
+  for lo in range(0, len(source), 256):
+    for ex in source.__getitems__(list(range(lo, min(lo + 256, len(source))))):
+      answer = np.flatnonzero(np.asarray(ex["loss_mask"]) > 0)
+      if answer.size and answer[0] < seq_len:
+        return
+      if answer.size:
+        first_answer = int(answer[0]) if first_answer is None else min(first_answer,
+                                                                       int(answer[0]))
+  where = ("has no answer tokens" if first_answer is None
+           else f"first answer token is at position {first_answer}")
+  raise DatasetError(f"no row of split {split!r} in {data_dir} has an answer token within "
+                     f"seq_len={seq_len} (its earliest {where}): every batch would train on "
+                     f"nothing; raise seq_len")
+
+
 def response_token_counts(data_dir, vocab_size: int, split: str = "train") -> np.ndarray:
   """How often each target id occurs as a response token (for the draft vocabulary)."""
   source = open_split(data_dir, split)

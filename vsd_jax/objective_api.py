@@ -83,9 +83,10 @@ def target_hidden(target_graphdef, target_params, batch, hidden_layers: tuple[in
 
 
 def shift_left(x_BxT, by: int, fill=0):
-  """x[:, p + by] at column p; columns past the end hold `fill`."""
+  """x[:, p + by] at column p; columns past the end hold `fill` (all of them when by >= T)."""
   if by == 0:
     return x_BxT
+  by = min(by, x_BxT.shape[1])
   pad = jnp.full((x_BxT.shape[0], by) + x_BxT.shape[2:], fill, x_BxT.dtype)
   return jnp.concatenate([x_BxT[:, by:], pad], axis=1)
 

@@ -26,7 +26,8 @@ from tqdm import tqdm
 
 from configs.train_presets import TrainConfig
 from vsd_jax.checkpointing import Checkpointer, param_shapes
-from vsd_jax.data import BatchReader, DataPosition, fixed_batches, response_token_counts
+from vsd_jax.data import (BatchReader, DataPosition, check_answers_fit, fixed_batches,
+                           response_token_counts)
 from vsd_jax.dataset_builder import check_dataset_fits, dataset_metadata
 from vsd_jax.objectives import make_objective
 from vsd_jax.sharding_rules import batch_sharding, tree_shardings
@@ -34,6 +35,12 @@ from vsd_jax.simulated_tau import simulated_tau
 from vsd_jax.vsd_diagnostics import diagnostic_rates
 from vsd_jax.targets import load_target
 from vsd_jax.train_state import TrainState, init_state, make_optimizer, make_schedule
+
+# The settings (besides the objective's, checked on their own) that decide which parameters a
+# run reaches: a resume must keep them, or it continues another run than the one it resumes.
+# `steps` may grow (training longer); the bookkeeping periods and evaluation may change.
+TRAJECTORY_SETTINGS = ("seed", "data_seed", "batch_size", "seq_len", "features", "dtype", "lr",
+                       "warmup_steps", "end_lr_ratio", "weight_decay", "clip_norm", "b1", "b2")
 
 
 class MetricsWriter:
@@ -80,6 +87,9 @@ class Trainer:
                        f"(max_position_embeddings of {self.target.source}); use seq_len <= {limit}")
     self.data_dir = cfg.dataset_dir()
     check_dataset_fits(self.data_dir, dataset_metadata(self.data_dir), cfg, self.target.source)
+    check_answers_fit(self.data_dir, cfg.seq_len)
+    if cfg.eval_every > 0:
+      check_answers_fit(self.data_dir, cfg.seq_len, "heldout")
     counts = response_token_counts(self.data_dir, self.target.cfg.vocab_size)
     self.objective = make_objective(cfg, self.target.model, counts, objective)
     self.optimizer = make_optimizer(cfg)
@@ -122,7 +132,8 @@ class Trainer:
           out_shardings=replicated)
     self.meta = {"objective": {**obj.describe, "name": obj.name},
                  "target": self.target.source, "preset": cfg.name,
-                 "param_shapes": param_shapes(obj.trainable)}
+                 "param_shapes": param_shapes(obj.trainable),
+                 "training": {f: getattr(cfg, f) for f in TRAJECTORY_SETTINGS}}
     self.checkpointer = Checkpointer(self.workdir, cfg.keep_checkpoints, async_checkpoints)
     self._stop_signal = None
 
@@ -221,6 +232,10 @@ class Trainer:
     total = cfg.steps if steps is None else steps
     state, position = self.restore_or_init()
     start_step = int(state.step)
+    if start_step > total:  # the loop would run no step and export the later checkpoint
+      raise ValueError(f"{self.checkpointer.directory} holds step {start_step}, past the "
+                       f"{total} steps asked for; ask for {start_step} or more, or use another "
+                       f"--workdir")
     reader = BatchReader(self.data_dir, "train", cfg.batch_size, cfg.seq_len, cfg.data_seed,
                          position, jax.process_index(), jax.process_count())
     writer = MetricsWriter(self.workdir, jax.process_index() == 0)

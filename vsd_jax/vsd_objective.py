@@ -99,6 +99,9 @@ def make_vsd_objective(cfg, target: Decoder, token_counts_Vt: np.ndarray) -> Obj
   extra = path_slots + chain_slots
   if cfg.vsd_positions > cfg.seq_len:
     raise ValueError(f"vsd_positions={cfg.vsd_positions} exceeds seq_len={cfg.seq_len}")
+  if cfg.seq_len <= cfg.vsd_depth + 1:  # the oracle reads d tokens past a context position
+    raise ValueError(f"seq_len={cfg.seq_len} leaves vsd_depth={cfg.vsd_depth} no oracle "
+                     f"tokens; raise seq_len or lower vsd_depth")
 
   def loss_fn(trainable, frozen, batch, rng):
     logits_KxBxTxVd, hidden0, cache, hidden_BxTxNxD, model = e3.forward(
