@@ -85,15 +85,17 @@ def settle_ledger(spent_B, charge_B, budget):
 
 
 @functools.partial(jax.jit, static_argnames=("normalize_q",))
-def _asd_core(draft_BxK, logits_BxRxV, spent_B, budget, gate, max_exceptions, *, normalize_q):
+def _asd_core(draft_BxK, logits_BxRxV, spent_B, budget, gate, max_exceptions, *, normalize_q,
+              lengths_B=None):
   b, k = draft_BxK.shape
+  if lengths_B is None:
+    lengths_B = jnp.full((b,), k, jnp.int32)
   best_BxR, top_BxR, nonfinite_B = target_argmax(logits_BxRxV)
   rows_K = jnp.arange(k, dtype=jnp.int32)
   mismatch_BxK, regret_BxK = jax.vmap(draft_regret, in_axes=(0, None, 0, 0, 0))(
       draft_BxK, rows_K, best_BxR, top_BxR, logits_BxRxV)
   accepted_B, charge_B, exceptions_B = accept_prefix(
-      mismatch_BxK, regret_BxK, jnp.full((b,), k, jnp.int32), budget - spent_B, gate,
-      max_exceptions, normalize_q)
+      mismatch_BxK, regret_BxK, lengths_B, budget - spent_B, gate, max_exceptions, normalize_q)
   # The recovery/bonus token is the target's own choice: read, never charged.
   next_B = jnp.take_along_axis(best_BxR, accepted_B[:, None], axis=1)[:, 0]
   return VerifyOutput(
@@ -106,14 +108,17 @@ def _asd_core(draft_BxK, logits_BxRxV, spent_B, budget, gate, max_exceptions, *,
 
 
 def asd_verify_traced(draft_BxK, logits_BxRxV, spent_B, budget, gate, max_exceptions, *,
-                      normalize_q: bool = False) -> VerifyOutput:
+                      normalize_q: bool = False, draft_lengths_B=None) -> VerifyOutput:
   """`asd_verify` for use inside a jitted loop with budget/gate/max_exceptions as traced
   scalars (float32, float32, int32), so one compiled program serves every setting.
 
+  draft_lengths_B (int32[B] in [0, K], None: all K): row b's block is its first
+  draft_lengths_B[b] tokens, the rest padding that is never accepted, and the gate counts
+  the tokens left from that length: the verdict a block of that width alone would get.
   No validation happens here: validate an `ASDConfig` at the Python boundary first.
   """
   return _asd_core(draft_BxK, logits_BxRxV, spent_B, budget, gate, max_exceptions,
-                   normalize_q=normalize_q)
+                   normalize_q=normalize_q, lengths_B=draft_lengths_B)
 
 
 def config_scalars(config: ASDConfig):

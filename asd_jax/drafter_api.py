@@ -43,11 +43,12 @@ class ChainDrafter:
       truncated, a shorter one padded with its own guesses, which only cost positions); when
       every active row's length is 0 it runs the round as one plain decoding step (a forward
       over 1 token; the commit is that of a round rejecting every draft token). It must depend
-      on committed tokens only, never on randomness. Under the greedy rules no output then
-      changes, only what a round costs. Under rule "sample" a row accepts only its own first
-      draft_length tokens (a shorter draft, still lossless) and its noise is drawn for K
-      positions at every width, so a sampled row depends on its own length, never on the
-      other rows' (spec_sampling.speculative_sample's draft_lengths / noise_slots). None:
+      on committed tokens only, never on randomness. Under strict no output then changes,
+      only what a round costs. Under rules "asd" and "sample" a row accepts only its own
+      first draft_length tokens (ASD's verdict on that shorter block; for "sample" a shorter
+      draft, still lossless, with noise drawn for K positions at every width), so the row
+      depends on its own length, never on the other rows' (asd_verify_traced's
+      draft_lengths_B, spec_sampling.speculative_sample's draft_lengths / noise_slots). None:
       always verify all K.
   verify_widths: the widths below K the engine may verify instead (static: each one is a
       target forward of width + 1 tokens compiled into the loop).

@@ -57,7 +57,8 @@ def _verify(rule, draft_BxK, draft_logits, target_logits_BxK1xV, spent_B, asd_sc
     # Traced settings: a budget sweep reuses one compiled program. They were validated as a
     # concrete ASDConfig at the Python boundary.
     return asd_verify_traced(draft_BxK, target_logits_BxK1xV, spent_B, budget, gate,
-                             max_exceptions, normalize_q=normalize_q)
+                             max_exceptions, normalize_q=normalize_q,
+                             draft_lengths_B=draft_lengths_B)
   b, k = draft_BxK.shape
   lengths_B = checks.draft_lengths(draft_lengths_B, b, k, check_values=False)
   verdict = chain_sample_core(draft_BxK, draft_logits, target_logits_BxK1xV, key, lengths_B,
@@ -128,12 +129,13 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
     if drafter.draft_length is None:
       target_cache, verdict = verify_round(k, s, draft_BxK, draft_logits, k_verify, None)
     else:
-      # The drafter's lengths depend on committed tokens only. Under the greedy rules the
-      # width never changes the output, only what a round costs; a row's tokens past its own
-      # length may still be accepted when another row widens the round. Under rule="sample"
-      # each row accepts only its own draft and draws its noise for K positions whatever the
-      # width, so a sampled row does not depend on the rest of its batch (asd_decode's
-      # per-request seed contract). Width 0 is a plain step.
+      # The drafter's lengths depend on committed tokens only. Under strict the width never
+      # changes the output, only what a round costs; a row's tokens past its own length may
+      # still be accepted when another row widens the round (they are the target's own).
+      # Under "asd" and "sample" each row is verified on its own draft only: ASD would
+      # otherwise spend its budget on the filler of a row that drafted nothing whenever
+      # another row widens the round, and "sample" draws its noise for K positions whatever
+      # the width. So no row depends on the rest of its batch. Width 0 is a plain step.
       lengths_B = jnp.where(s.done_B, 0, drafter.draft_length(drafter_state))
       widths = (0,) + drafter.widths
       # A handful of widths: one comparison each ("compare_all"). The default binary search
@@ -142,7 +144,7 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
       branch = jnp.searchsorted(jnp.asarray(widths, jnp.int32), jnp.max(lengths_B),
                                 method="compare_all")
       branches = [plain_step] + [functools.partial(verify_round, w) for w in drafter.widths]
-      own_B = lengths_B if rule == "sample" else None
+      own_B = None if rule == "strict" else lengths_B
       target_cache, verdict = jax.lax.switch(branch, branches, s, draft_BxK, draft_logits,
                                              k_verify, own_B)
     s = s.replace(round=s.round + 1, target_cache=target_cache, drafter_state=drafter_state,

@@ -190,3 +190,13 @@ def test_training_prompts_are_disjoint_from_eval_sets():
     for e in evals:
       assert e not in p, f"training prompt {prompt!r} contains an eval prompt"
       assert len(p) < 20 or p not in e, f"training prompt {prompt!r} is inside an eval prompt"
+
+
+@pytest.mark.parametrize("name,kind", [("smollm2-135m-eagle3", "eagle3"),
+                                       ("smollm2-135m-medusa", "medusa")])
+def test_a_folder_of_another_drafter_kind_is_named_as_such(name, kind):
+  """load_standalone_drafter on an EAGLE-3 or Medusa folder says which kind it holds and what
+  loads it, instead of a missing LM tensor or an unsupported architecture."""
+  with pytest.raises(CheckpointError, match=f"holds a {kind} drafter, not a standalone LM.*"
+                     f"setup_drafter.*kind='{kind}'"):
+    load_standalone_drafter(name)

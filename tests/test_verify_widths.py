@@ -70,3 +70,34 @@ def test_bad_widths_are_refused():
   with pytest.raises(ValueError, match="verify_widths need draft_length"):
     ChainDrafter(**noop, verify_widths=(1,))
   assert ChainDrafter(**noop).widths == (4,)
+
+
+@pytest.mark.parametrize("with_store", [False, True])
+def test_asd_rows_do_not_depend_on_a_batch_that_widens_their_round(with_store):
+  """A row whose n-gram lookup finds nothing drafts filler (its last token repeated). When
+  another row of its batch widens the round, ASD with a budget must not accept that filler as
+  exceptions: the row gets the verdict on its own draft, as it does alone (a plain step).
+  Before, the batched row here spent 5.5 of its budget on 3 filler exceptions."""
+  from asd_jax.asd_config import ASDConfig
+  from asd_jax.ngram_drafter import ngram_drafter
+  from asd_jax.ngram_store import build_store
+  from models.lm_fns import decoder_fns
+  from tests.tiny_models import random_decoder
+  vocab = 61
+  fns, params = decoder_fns(random_decoder(seed=14, vocab=vocab, num_layers=1, hidden=32))
+  store = build_store([[7, 8, 9, 10, 11, 12]], vocab, min_n=2, max_n=3) if with_store else None
+  drafter = ngram_drafter(3, vocab, max_ngram=2, min_ngram=2, store=store)
+  # Row 0 repeats itself, so its lookup matches at once; row 1 matches nothing.
+  prompt = np.array([[5, 9, 5, 9, 5, 9], [44, 47, 53, 0, 3, 59]], np.int32)
+  lengths = np.array([6, 6], np.int32)
+  kw = dict(max_new_tokens=10, rule="asd", asd_config=ASDConfig(10.0, 5.0, 3))
+  tables = None if store is None else store.tables
+  both = asd_decode(fns, params, drafter, tables, prompt, lengths, **kw)
+  for row in range(2):
+    alone = asd_decode(fns, params, drafter, tables, prompt[row:row + 1], lengths[row:row + 1],
+                       **kw)
+    np.testing.assert_array_equal(np.asarray(both.tokens_BxN)[row],
+                                  np.asarray(alone.tokens_BxN)[0])
+    for field in ("asd_spent_B", "asd_exceptions_B"):
+      np.testing.assert_array_equal(np.asarray(getattr(both.stats, field))[row],
+                                    np.asarray(getattr(alone.stats, field))[0])
