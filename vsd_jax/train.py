@@ -6,7 +6,9 @@
 
 Rerunning the same command resumes from the newest checkpoint in --workdir (parameters,
 optimiser state, step, RNG and data position), so a killed or preempted run continues
-exactly; SIGTERM saves a checkpoint before exiting. Prints one JSON summary line at the end.
+exactly; SIGTERM saves a checkpoint before exiting. A rerun may ask for more steps or change
+the logging and evaluation periods; other training settings, or fewer steps than the workdir
+holds, are refused. Prints one JSON summary line at the end.
 Multi-host: pass --distributed (calls `jax.distributed.initialize()`, which reads the
 coordinator from the cluster environment) on every host with the same flags.
 """
