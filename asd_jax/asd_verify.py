@@ -88,8 +88,7 @@ def settle_ledger(spent_B, charge_B, budget):
 def _asd_core(draft_BxK, logits_BxRxV, spent_B, budget, gate, max_exceptions, *, normalize_q,
               lengths_B=None):
   b, k = draft_BxK.shape
-  if lengths_B is None:
-    lengths_B = jnp.full((b,), k, jnp.int32)
+  lengths_B = checks.draft_lengths(lengths_B, b, k, check_values=False)
   best_BxR, top_BxR, nonfinite_B = target_argmax(logits_BxRxV)
   rows_K = jnp.arange(k, dtype=jnp.int32)
   mismatch_BxK, regret_BxK = jax.vmap(draft_regret, in_axes=(0, None, 0, 0, 0))(

@@ -166,11 +166,10 @@ def check_compatible(saved: dict, current: dict, where, same_objective: bool = T
     raise CheckpointMismatchError(
         f"checkpoint {where} was trained with --objective={saved_flag}, this run has "
         f"--objective={run_flag}: pass --objective={saved_flag}, or use another --workdir")
-  s_run, c_run = saved.get("training"), current.get("training")
+  s_run, c_run = saved.get("training"), current.get("training") or {}
   if same_objective and s_run is not None and s_run != c_run:  # older checkpoints: no field
-    diff = "; ".join(f"{k}: checkpoint {s_run.get(k)!r} vs run {(c_run or {}).get(k)!r}"
-                     for k in sorted(set(s_run) | set(c_run or {}))
-                     if s_run.get(k) != (c_run or {}).get(k))
+    diff = "; ".join(f"{k}: checkpoint {s_run.get(k)!r} vs run {c_run.get(k)!r}"
+                     for k in sorted(set(s_run) | set(c_run)) if s_run.get(k) != c_run.get(k))
     raise CheckpointMismatchError(
         f"checkpoint {where} was trained with other settings ({diff}): resuming would "
         f"continue another run than this one; pass the same --set flags{hint}")
