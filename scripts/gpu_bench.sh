@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # The accelerator column: the suite's speed rows and transformers generate, on a GPU.
 #
-#   scripts/gpu_bench.sh [OUT_DIR]     # default out/gpu; ~7 min on one H200, compiles included
+#   scripts/gpu_bench.sh [OUT_DIR]     # default out/gpu; ~10 min on one H200, compiles included
+#   STAGES="ngram eagle3" scripts/gpu_bench.sh out/gpu   # only these stages
 #
 # Same prompts and rows as the CPU suite's speed stage (README "Results: one suite run with
 # every row"): first 10 MT-Bench + 10 HumanEval prompts, 256 new tokens, EOS ignored, batch 1,
 # float32; plain decoding, the n-gram store (K=5) and EAGLE-3 (chain K=3, tree 4,4,16), strict
-# and ASD (paper preset). Prompts pad to 256 tokens (--prompt-bucket), so each row compiles
+# and ASD (paper preset), then the store at K=8 and K=12, where on a GPU it pays most (README
+# "On the H200 again"). Prompts pad to 256 tokens (--prompt-bucket), so each row compiles
 # once: on a GPU a padded prefill costs next to nothing and a compile takes seconds.
 # Each stage has its own time limit and writes its own JSON, so a slow stage costs only itself.
 # The environment must already hold the package and the assets (`make venv`, or PYTHONPATH).
-# On the H200 (stop 31): n-gram past 160 s with the GGUF conversion (66 s once converted),
-# EAGLE-3 130 s, transformers 53 s.
+# On the H200: n-gram 210 s with the GGUF conversion (66 s once converted), EAGLE-3 134 s,
+# wide n-gram ~200 s, transformers 53 s (stops 31 and 32). One device call runs at most 600 s,
+# so a fresh machine may need two calls (STAGES).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
@@ -23,8 +26,11 @@ export PYTHONUNBUFFERED=1
 # The native kernels are CPU-only (models/native_kernels.py): don't compile them here.
 export ASD_JAX_NATIVE=${ASD_JAX_NATIVE:-0}
 
+STAGES=${STAGES:-ngram eagle3 ngram_wide ar}
+
 stage() {  # stage NAME SECONDS CMD...: one stage under its own limit, its output teed to a log
   local name=$1 limit=$2; shift 2
+  [[ " $STAGES " == *" $name "* ]] || { echo "=== $name: skipped (not in STAGES) ==="; return; }
   echo "=== $name (limit ${limit}s) ==="
   local t0=$SECONDS
   timeout "$limit" "$@" 2>&1 | grep --line-buffered -v '^bench:\|it/s\]' | tee "$OUT_DIR/$name.log"
@@ -43,6 +49,10 @@ stage ngram "${NGRAM_LIMIT:-300}" $PY -m asd_jax.bench "${SPEC[@]}" --draft ngra
   --json "$OUT_DIR/gpu_ngram.json"
 stage eagle3 "${EAGLE3_LIMIT:-240}" $PY -m asd_jax.bench "${SPEC[@]}" \
   --draft smollm2-135m-eagle3@3 --tree 4,4,16 --json "$OUT_DIR/gpu_eagle3.json"
+# The store's longer chains: with no loop in its round, a round costs one plain step on the GPU
+# (stop 32), so a longer chain is nearly free there.
+stage ngram_wide "${NGRAM_WIDE_LIMIT:-260}" $PY -m asd_jax.bench "${SPEC[@]}" \
+  --draft ngram+store@8,ngram+store@12 --json "$OUT_DIR/gpu_ngram_wide.json"
 # transformers generate on the same GPU, next to our plain decoding (fewer prompts: HF's loop
 # is slow enough to dominate the stage).
 stage ar "${AR_LIMIT:-90}" $PY -m asd_jax.bench --mode ar --num-prompts 2 \
