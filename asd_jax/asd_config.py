@@ -66,3 +66,12 @@ EXPLORATORY = ASDConfig(budget=12.0, gate=0.5, max_exceptions=2)
 STRICT = ASDConfig(budget=0.0, gate=0.0, max_exceptions=0)
 
 PRESETS = {"paper": PAPER, "exploratory": EXPLORATORY, "strict": STRICT}
+
+
+def preset_with(name: str, **fields) -> ASDConfig:
+  """The preset called `name` with the given fields replaced; a field given as None keeps the
+  preset's value. The result is checked like any ASDConfig."""
+  if name not in PRESETS:
+    raise ValueError(f"unknown ASD preset {name!r}; choose one of {', '.join(PRESETS)}")
+  return dataclasses.replace(PRESETS[name],
+                             **{k: v for k, v in fields.items() if v is not None})

@@ -26,10 +26,8 @@ SUITE, NUM_PROMPTS = "mt_bench", 5  # writing, roleplay, reasoning, math, coding
 MAX_NEW = 96
 TIMED_PASSES = 3
 DRAFTERS = ("smollm2-135m-standalone", "smollm2-135m-eagle3")  # best measured tau first
-DRAFTER_K = 2  # the cost model of the standalone drafter (scripts/distill_standalone_drafter.py)
-# The model-free drafter with the target's n-gram store, at the K of the README's fastest
-# lossless row.
-NGRAM = ("ngram+store", 5)
+NGRAM = "ngram+store"  # the model-free drafter with the target's n-gram store
+# Each drafter drafts at its measured best K on this backend (models/drafter_setup.MEASURED_K).
 
 
 def _tokens(out) -> list[int]:
@@ -41,7 +39,7 @@ def main() -> None:
   enable_compilation_cache()
   from asd_jax.bench_prompts import load_prompts
   from models.drafter_folder import KNOWN_DRAFTERS
-  from models.drafter_setup import setup_drafter
+  from models.drafter_setup import default_k, setup_drafter
   from models.lm_fns import decoder_fns
   from models.load import DEFAULT_TARGET, load_decoder
   from models.tokenizer import check_tokenizer_fits, encode_chat, eos_token_ids, load_tokenizer
@@ -55,14 +53,15 @@ def main() -> None:
   eos = eos_token_ids(tokenizer, target.hf_config)
   prompts = load_prompts((SUITE,), NUM_PROMPTS)
   draft = next((d for d in DRAFTERS if d in KNOWN_DRAFTERS), None)
+  draft_k, ngram_k = (default_k(d, jax.default_backend()) for d in (draft, NGRAM))
   setups = {}  # short label (the drafter's name without the target's prefix) -> setup
   if draft:
-    setups[f"{draft.removeprefix(DEFAULT_TARGET + '-')} K={DRAFTER_K}"] = setup_drafter(
-        draft, target, k=DRAFTER_K)
+    setups[f"{draft.removeprefix(DEFAULT_TARGET + '-')} K={draft_k}"] = setup_drafter(
+        draft, target, k=draft_k)
   else:
     print("no shipped drafter found; the n-gram drafter only")
-  setups[f"{NGRAM[0]} K={NGRAM[1]}"] = setup_drafter(NGRAM[0], target, k=NGRAM[1],
-                                                      target_name=DEFAULT_TARGET)
+  setups[f"{NGRAM} K={ngram_k}"] = setup_drafter(NGRAM, target, k=ngram_k,
+                                                 target_name=DEFAULT_TARGET)
   plain_fns, plain_params = decoder_fns(target.model)  # no hidden states: the honest baseline
 
   streamer_name, streamer = next(iter(setups.items()))
@@ -117,12 +116,12 @@ def main() -> None:
     print(f"{name:<28} {rate:7.1f} {tau:5.2f} {rate / plain_rate:8.2f}x  {same}")
   if draft:
     shipped = next(iter(setups.values()))
-    print(f"\ndrafter: {draft} ({shipped.kind}, {shipped.engine}, K={DRAFTER_K}); "
+    print(f"\ndrafter: {draft} ({shipped.kind}, {shipped.engine}, K={draft_k}); "
           f"ASD paper preset: budget {PAPER.budget}, gate {PAPER.gate}, max exceptions "
           f"{PAPER.max_exceptions}")
-  low, high = parse_ngram_name(NGRAM[0])
-  print(f"n-gram drafter: {NGRAM[0]} (n = {high} down to {low} in the request, then the "
-        f"target's n-gram store; K={NGRAM[1]}), no model. On a 2-core CPU a verified token "
+  low, high = parse_ngram_name(NGRAM)
+  print(f"n-gram drafter: {NGRAM} (n = {high} down to {low} in the request, then the "
+        f"target's n-gram store; K={ngram_k}), no model. On a 2-core CPU a verified token "
         "costs arithmetic, so only a free drafter pays; see the README's profile.")
 
 

@@ -5,12 +5,15 @@ Examples:
   python -m asd_jax.generate --pair smollm2-135m --prompt "..."   # target + its drafter, strict
   python -m asd_jax.generate --target path/to/hf_folder --prompt-ids 1,2,3 --json
   python -m asd_jax.generate --prompt "..." --draft smollm2-135m-standalone --rule asd --k 4
+  python -m asd_jax.generate --prompt "..." --draft ngram+store --rule asd --asd-preset exploratory
   python -m asd_jax.generate --prompt "..." --draft self --rule strict      # self-draft check
   python -m asd_jax.generate --prompt "..." --draft DIR --tree 4,4,16 --rule asd
   python -m asd_jax.generate --prompt "..." --draft ngram --k 3 --stream   # print as it goes
 
 Without --draft: plain decoding. With --draft: --rule strict (default; output == plain greedy),
-asd (--budget/--gate/--max-exceptions, greedy only) or sample (lossless, uses --temperature).
+asd (--asd-preset, --budget/--gate/--max-exceptions; greedy only) or sample (lossless, uses
+--temperature). Without --k a shipped drafter drafts at the K measured fastest for it on this
+backend (models/drafter_setup.MEASURED_K), any other at 4.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import numpy as np
 
 from asd_jax.cli_common import (attach_dash_values, enable_compilation_cache, parse_prompt_ids,
                                 right_pad, run_cli, text_stream)
-from asd_jax.asd_config import PAPER, ASDConfig
+from asd_jax.asd_config import PRESETS, preset_with
 from asd_jax.plain_decode import plain_decode
 from asd_jax.sampling import SamplingConfig
 from asd_jax.sampling_keys import row_keys
@@ -68,15 +71,36 @@ def build_parser() -> argparse.ArgumentParser:
                     "draft; plain decoding without)")
   spec.add_argument("--drafter", choices=("standalone", "eagle3", "medusa", "ngram"),
                     help="drafter kind (default: read from the drafter folder's config.json)")
-  spec.add_argument("--k", type=int, default=4, help="draft block length K (default 4)")
+  spec.add_argument("--k", type=int, help="draft block length K of a chain (default: the "
+                    "drafter's measured best on this backend, 4 if not measured)")
   spec.add_argument("--tree", help="DEPTH,TOPK,NODES: tree drafting (EAGLE-2 dynamic trees; "
                     "Medusa static trees); chain drafting when absent")
-  spec.add_argument("--budget", type=float, default=PAPER.budget, help="ASD regret budget B")
-  spec.add_argument("--gate", type=float, default=PAPER.gate, help="ASD local gate g")
-  spec.add_argument("--max-exceptions", type=int, default=PAPER.max_exceptions,
-                    help="ASD per-block exception cap M")
-  spec.add_argument("--normalize-q", action="store_true", help="ASD q = (K - i) / K")
+  presets = ", ".join(f"{name} (B={c.budget:g}, g={c.gate:g}, M={c.max_exceptions})"
+                      for name, c in PRESETS.items())
+  spec.add_argument("--asd-preset", metavar="NAME",
+                    help=f"ASD settings (default paper): {presets}; the flags below replace "
+                    "one value each")
+  spec.add_argument("--budget", type=float, help="ASD regret budget B")
+  spec.add_argument("--gate", type=float, help="ASD local gate g")
+  spec.add_argument("--max-exceptions", type=int, help="ASD per-block exception cap M")
+  spec.add_argument("--normalize-q", action="store_true", default=None,
+                    help="ASD q = (K - i) / K")
   return p
+
+
+ASD_FLAGS = (("--asd-preset", "asd_preset"), ("--budget", "budget"), ("--gate", "gate"),
+             ("--max-exceptions", "max_exceptions"), ("--normalize-q", "normalize_q"))
+
+
+def check_asd_flags_apply(args) -> None:
+  """An ASD setting only acts under --rule asd; given with any other rule it would be ignored
+  without a word, so it is refused."""
+  given = [flag for flag, field in ASD_FLAGS if getattr(args, field) is not None]
+  if given and args.rule != "asd":
+    now = f"--rule {args.rule}" if args.rule else (
+        "the default --rule strict" if args.draft else "plain decoding (no --draft)")
+    raise ValueError(f"{given[0]} sets the ASD rule, which this run does not use ({now}); "
+                     "pass --draft and --rule asd, or drop it")
 
 
 @run_cli
@@ -94,13 +118,17 @@ def main(argv=None):
   ids = parse_prompt_ids(args.prompt_ids) if args.prompt is None else None
   if args.draft is None and args.rule is not None:
     raise ValueError(f"--rule {args.rule} needs a drafter: pass --draft")
-  if args.k <= 0:
+  if args.k is not None and args.k <= 0:
     raise ValueError(f"--k must be a positive integer, got {args.k}")
   if args.stream and args.json:
     raise ValueError("--stream prints text as it arrives; it cannot be combined with --json")
-  asd_config = ASDConfig(budget=args.budget, gate=args.gate,
-                         max_exceptions=args.max_exceptions, normalize_q=args.normalize_q)
+  asd_config = preset_with(args.asd_preset or "paper", budget=args.budget, gate=args.gate,
+                           max_exceptions=args.max_exceptions, normalize_q=args.normalize_q)
+  check_asd_flags_apply(args)
   tree = None if args.tree is None else TreeShape.parse(args.tree)  # "" is a typo, not "chain"
+  if tree is not None and args.k is not None:
+    raise ValueError(f"--k sets a chain's length; with --tree {args.tree} the tree's DEPTH is "
+                     "the draft length, so drop --k")
   if args.draft is not None:
     from models.drafter_setup import check_drafter_request
     check_drafter_request(args.draft, args.drafter, tree)
@@ -134,8 +162,9 @@ def main(argv=None):
     stats = {"mode": "plain", "target_forwards": int(result.target_forwards_B[0]), "tau": 1.0}
   else:
     rule = args.rule or "strict"
-    from models.drafter_setup import setup_drafter
-    setup = setup_drafter(args.draft, loaded, k=args.k, tree=tree, kind=args.drafter,
+    from models.drafter_setup import default_k, setup_drafter
+    k = args.k or default_k(args.draft, jax.default_backend())
+    setup = setup_drafter(args.draft, loaded, k=k, tree=tree, kind=args.drafter,
                           dtype=args.dtype, target_name=args.target)
     t0 = time.perf_counter()
     result = jax.block_until_ready(setup.decode(
@@ -144,16 +173,16 @@ def main(argv=None):
         sampling=sampling, eos_ids=eos, seed=args.seed, stream=stream))
     wall_s = time.perf_counter() - t0
     summary = result.stats.summary()
-    stats = {"mode": "speculative", "rule": rule, "k": args.k, "draft": args.draft,
+    stats = {"mode": "speculative", "rule": rule, "k": None if tree else k, "draft": args.draft,
              "drafter": setup.kind, "engine": setup.engine, "tree": args.tree,
              "rounds": summary["rounds"], "tau": summary["tau"],
              "accepted_per_position": summary["accepted_per_position"],
              "asd_exceptions": summary["asd_exceptions"][0],
              "asd_spent": summary["asd_spent"][0]}
     if rule == "asd":
-      stats["asd_config"] = {"budget": args.budget, "gate": args.gate,
-                             "max_exceptions": args.max_exceptions,
-                             "normalize_q": args.normalize_q}
+      stats["asd_config"] = {"preset": args.asd_preset or "paper", "budget": asd_config.budget,
+                             "gate": asd_config.gate, "max_exceptions": asd_config.max_exceptions,
+                             "normalize_q": asd_config.normalize_q}
 
   n = int(result.num_generated_B[0])
   tokens = np.asarray(result.tokens_BxN[0, :n]).tolist()

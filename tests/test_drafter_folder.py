@@ -200,3 +200,18 @@ def test_a_folder_of_another_drafter_kind_is_named_as_such(name, kind):
   with pytest.raises(CheckpointError, match=f"holds a {kind} drafter, not a standalone LM.*"
                      f"setup_drafter.*kind='{kind}'"):
     load_standalone_drafter(name)
+
+
+def test_default_k_is_the_measured_best_per_backend():
+  from models.drafter_folder import KNOWN_DRAFTERS
+  from models.drafter_setup import MEASURED_K, UNMEASURED_K, default_k
+  assert default_k("ngram+store", "cpu") == 5 and default_k("ngram+store", "gpu") == 8
+  assert default_k("NGRAM+STORE", "tpu") == 8  # any accelerator; names are case-insensitive
+  # measured on the CPU only: the CPU's value everywhere
+  assert default_k("smollm2-135m-standalone", "gpu") == default_k(
+      "smollm2-135m-standalone", "cpu") == 2
+  for other in ("ngram", "ngram:1-4+store", "self", "path/to/folder"):
+    assert default_k(other, "cpu") == default_k(other, "gpu") == UNMEASURED_K
+  for name, by_backend in MEASURED_K.items():  # every entry names a drafter that exists
+    assert name in KNOWN_DRAFTERS or name == "ngram+store", name
+    assert set(by_backend) <= {"cpu", "accelerator"} and "cpu" in by_backend, name

@@ -28,6 +28,20 @@ from tests.test_bench_cli import tiny_target  # noqa: F401  (module fixture)
      "--pair smollm2-135m sets --draft smollm2-135m-standalone, but --draft ngram was also given"),
     (["--pair", "smollm2-135m", "--target", "x.gguf", "--prompt", "hi"],
      "--pair smollm2-135m sets --target smollm2-135m, but --target x.gguf was also given"),
+    # An ASD setting under another rule would be ignored without a word.
+    (["--prompt", "hi", "--budget", "4"],
+     "--budget sets the ASD rule, which this run does not use (plain decoding (no --draft))"),
+    (["--prompt", "hi", "--draft", "ngram", "--gate", "1"],
+     "--gate sets the ASD rule, which this run does not use (the default --rule strict)"),
+    (["--prompt", "hi", "--draft", "ngram", "--rule", "sample", "--temperature", "1",
+      "--asd-preset", "exploratory"], "--asd-preset sets the ASD rule, which this run does not "
+     "use (--rule sample)"),
+    (["--prompt", "hi", "--draft", "ngram", "--rule", "strict", "--normalize-q"],
+     "--normalize-q sets the ASD rule"),
+    (["--prompt", "hi", "--draft", "self", "--tree", "2,2,3", "--k", "3"],
+     "--k sets a chain's length; with --tree 2,2,3 the tree's DEPTH is the draft length"),
+    (["--prompt", "hi", "--draft", "ngram", "--rule", "asd", "--asd-preset", "fast"],
+     "unknown ASD preset 'fast'; choose one of paper, exploratory, strict"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
   with pytest.raises(SystemExit) as e:
@@ -127,3 +141,27 @@ def test_a_tokenizer_past_the_vocabulary_is_refused(tiny_target, tmp_path, capsy
     with pytest.raises(CheckpointError, match="106 tokens but the model's vocab_size is 96"):
       run()
   assert not (tmp_path / "drafter").exists()
+
+
+def test_asd_settings_come_from_the_preset_and_k_from_the_drafter(tiny_target, capsys):  # noqa: F811
+  import json
+
+  from asd_jax.asd_config import EXPLORATORY, PAPER
+  from models.drafter_setup import UNMEASURED_K
+
+  def run(*flags):
+    main(["--target", str(tiny_target), "--prompt-ids", "3,4,3,4,3", "--max-new-tokens", "6",
+          "--json", "--draft", "ngram", *flags])
+    return json.loads(capsys.readouterr().out)["stats"]
+
+  stats = run("--rule", "asd")
+  assert stats["asd_config"] == {"preset": "paper", "budget": PAPER.budget, "gate": PAPER.gate,
+                                 "max_exceptions": PAPER.max_exceptions, "normalize_q": False}
+  assert stats["k"] == UNMEASURED_K  # the n-gram drafter without a store was never measured
+  stats = run("--rule", "asd", "--asd-preset", "exploratory", "--max-exceptions", "1",
+              "--normalize-q", "--k", "3")
+  assert stats["asd_config"] == {"preset": "exploratory", "budget": EXPLORATORY.budget,
+                                 "gate": EXPLORATORY.gate, "max_exceptions": 1,
+                                 "normalize_q": True}
+  assert stats["k"] == 3 and stats["rounds"] >= 2
+  assert "asd_config" not in run()  # strict: no ASD settings to report

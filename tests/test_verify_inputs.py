@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from asd_jax.asd_config import ASDConfig, PAPER, PRESETS, STRICT
+from asd_jax.asd_config import ASDConfig, PAPER, PRESETS, STRICT, preset_with
 from asd_jax.asd_verify import asd_verify
 from asd_jax.greedy_verify import greedy_verify
 from asd_jax.spec_sampling import speculative_sample, tree_speculative_sample
@@ -49,6 +49,17 @@ CHAIN_RULES = {
     "sample": lambda d, z, s=SPENT: speculative_sample(d, np.zeros(d.shape + (z.shape[-1],)),
                                                        z, jax.random.key(0)),
 }
+
+
+def test_preset_with_replaces_only_the_fields_given():
+  assert preset_with("paper") == PAPER
+  assert preset_with("paper", budget=None, gate=None) == PAPER  # None keeps the preset's value
+  assert preset_with("exploratory", max_exceptions=1) == ASDConfig(12, 0.5, 1)
+  assert preset_with("strict", budget=3.0, normalize_q=True) == ASDConfig(3.0, 0.0, 0, True)
+  with pytest.raises(ValueError, match="unknown ASD preset 'fast'; choose one of paper, "):
+    preset_with("fast")
+  with pytest.raises(ValueError, match="ASDConfig.budget must be >= 0"):
+    preset_with("paper", budget=-1.0)  # a replaced value is checked like any other
 
 
 @pytest.mark.parametrize("rule", CHAIN_RULES)
