@@ -91,6 +91,7 @@ class TreeDrafter:
   exactly these, in this order, as its hidden states.
   param_shapes: the arrays the params must have, as `LanguageModelFns.param_shapes` (None:
   not checked).
+  max_positions: the positions the drafter was trained for, as ChainDrafter's.
   """
 
   prefill: Callable[..., Any]
@@ -100,8 +101,12 @@ class TreeDrafter:
   name: str = "tree-drafter"
   feature_layers: tuple[int, ...] = ()
   param_shapes: tuple | None = None
+  max_positions: int | None = None
 
   def __post_init__(self):
+    if self.max_positions is not None:
+      object.__setattr__(self, "max_positions",
+                         check_positive_int("max_positions", self.max_positions))
     # Greedy trees take the top_k of the vocabulary; caught here, when the drafter is built,
     # rather than as JAX's bare top_k error once decoding is traced.
     if self.shape.top_k > self.vocab_size:
@@ -234,4 +239,5 @@ def lm_tree_drafter(fns: LanguageModelFns, shape: TreeShape) -> TreeDrafter:
     return (*tree, cache)
 
   return TreeDrafter(prefill=prefill, propose=propose, shape=shape, vocab_size=fns.vocab_size,
-                     name=fns.name, param_shapes=fns.param_shapes)
+                     name=fns.name, param_shapes=fns.param_shapes,
+                     max_positions=fns.max_positions)

@@ -54,6 +54,9 @@ class ChainDrafter:
       target forward of width + 1 tokens compiled into the loop).
   param_shapes: the arrays the params must have, as `LanguageModelFns.param_shapes` (None:
       not checked; drafters without weights).
+  max_positions: the positions the drafter was trained for (None: no limit, e.g. no
+      position encoding). A request reaching past them is decoded, with a warning: the drafts
+      there degrade, which costs speed, never a wrong token.
   """
 
   prefill: Callable[..., Any]
@@ -64,11 +67,15 @@ class ChainDrafter:
   draft_length: Callable[[Any], jax.Array] | None = None
   verify_widths: tuple[int, ...] = ()
   param_shapes: tuple | None = None
+  max_positions: int | None = None
 
   def __post_init__(self):
     # 4.0 is taken as 4; 2.5, True, NaN or a string are refused before anything is traced.
     object.__setattr__(self, "num_draft",
                        check_positive_int("K (draft block length)", self.num_draft))
+    if self.max_positions is not None:
+      object.__setattr__(self, "max_positions",
+                         check_positive_int("max_positions", self.max_positions))
     widths = tuple(self.verify_widths)
     if (any(isinstance(w, bool) or int(w) != w or not 0 < w < self.num_draft for w in widths)
         or list(widths) != sorted(set(widths))):
@@ -124,8 +131,10 @@ def lm_chain_drafter(fns: LanguageModelFns, num_draft: int) -> ChainDrafter:
       out = (nxt_B, None if sampling.greedy else logits_Bx1xV[:, 0])
       return (nxt_B, position_B + 1, cache), out
 
+    # Unrolled: a while loop inside a round costs kernel launches and a read of its condition
+    # per step on a GPU, for K - 1 steps that are known when tracing.
     (_, _, cache), (rest_KxB, rest_logits) = jax.lax.scan(
-        step, (first_B, positions_Bx2[:, 1] + 1, cache), keys[1:])
+        step, (first_B, positions_Bx2[:, 1] + 1, cache), keys[1:], unroll=True)
     draft_BxK = jnp.concatenate([first_B[:, None], rest_KxB.T], axis=1)
     draft_logits = None
     if not sampling.greedy:
@@ -134,4 +143,5 @@ def lm_chain_drafter(fns: LanguageModelFns, num_draft: int) -> ChainDrafter:
     return draft_BxK, draft_logits, cache
 
   return ChainDrafter(prefill=prefill, propose=propose, num_draft=num_draft,
-                      vocab_size=fns.vocab_size, name=fns.name, param_shapes=fns.param_shapes)
+                      vocab_size=fns.vocab_size, name=fns.name, param_shapes=fns.param_shapes,
+                      max_positions=fns.max_positions)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from collections.abc import Iterable
 
 import jax
@@ -145,6 +146,19 @@ def check_context(max_positions: int | None, lengths_B: np.ndarray, max_new_toke
                      f"{longest + max_new_tokens} exceeds the context window of {model!r} "
                      f"({max_positions} positions); shorten the prompt or lower "
                      f"max_new_tokens")
+
+
+def warn_past_drafter_window(max_positions: int | None, lengths_B: np.ndarray,
+                             max_new_tokens: int, drafter: str) -> None:
+  """Warns when a request runs past the positions its drafter was trained for (a drafter with
+  a shorter context than the target's). It is not refused: the drafts there degrade, which
+  costs acceptance and speed, but every output token is still the verifier's."""
+  reach = int(np.max(lengths_B)) + max_new_tokens
+  if max_positions is not None and reach > max_positions:
+    warnings.warn(f"prompt + max_new_tokens reach {reach} positions, past the {max_positions} "
+                  f"drafter {drafter!r} was trained for: its drafts there degrade (its "
+                  "position encoding extrapolates), which costs speed; the output is still "
+                  "verified by the target", stacklevel=4)
 
 
 def check_eos_ids(eos_ids, vocab_size: int) -> tuple[int, ...]:

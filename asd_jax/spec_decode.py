@@ -197,7 +197,8 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
   req = prepare_request(target, drafter.vocab_size, prompt_BxT, lengths_B, rule=rule,
                         asd_config=asd_config, sampling=sampling, eos_ids=eos_ids,
                         max_new_tokens=max_new_tokens, max_new_B=max_new_B, capacity=capacity,
-                        lookahead=drafter.num_draft, what=f"K={drafter.num_draft}", seed=seed)
+                        lookahead=drafter.num_draft, what=f"K={drafter.num_draft}", seed=seed,
+                        drafter_window=(drafter.name, drafter.max_positions))
   return run_loop(_asd_decode, target, target_params, drafter, drafter_params, req,
                   sampling=sampling, normalize_q=asd_config.normalize_q, stream=stream)
 
@@ -235,8 +236,14 @@ class PreparedRequest:
 
 def prepare_request(target: LanguageModelFns, drafter_vocab: int, prompt_BxT, lengths_B, *,
                     rule, asd_config, sampling, eos_ids, max_new_tokens, max_new_B, capacity,
-                    lookahead: int, what: str, seed: int = 0) -> PreparedRequest:
-  """All Python-boundary checks of a speculative request; nothing is clamped."""
+                    lookahead: int, what: str, seed: int = 0,
+                    drafter_window: tuple[str, int | None] = ("drafter", None)
+                    ) -> PreparedRequest:
+  """All Python-boundary checks of a speculative request; nothing is clamped.
+
+  drafter_window: (the drafter's name, the positions it was trained for or None); a request
+  past them gets a warning (request_checks.warn_past_drafter_window).
+  """
   request_checks.check_type("target", target, LanguageModelFns)
   request_checks.check_type("sampling", sampling, SamplingConfig)
   request_checks.check_type("asd_config", asd_config, ASDConfig)
@@ -251,6 +258,8 @@ def prepare_request(target: LanguageModelFns, drafter_vocab: int, prompt_BxT, le
   prompt, lengths, max_new_tokens, eos_ids, max_new_B = request_checks.check_request_tokens(
       target, prompt_BxT, lengths_B, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
       max_new_B=max_new_B)
+  request_checks.warn_past_drafter_window(drafter_window[1], lengths, max_new_tokens,
+                                          drafter_window[0])
   if target.max_positions is not None and lookahead >= target.max_positions:
     # Each round scores `lookahead` positions at once; a block longer than the context window
     # can never be accepted and would only allocate a cache that large.

@@ -188,6 +188,7 @@ def asd_tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafte
   req = prepare_request(target, drafter.vocab_size, prompt_BxT, lengths_B, rule=rule,
                         asd_config=asd_config, sampling=sampling, eos_ids=eos_ids,
                         max_new_tokens=max_new_tokens, max_new_B=max_new_B, capacity=capacity,
-                        lookahead=lookahead, what=f"tree {shape}", seed=seed)
+                        lookahead=lookahead, what=f"tree {shape}", seed=seed,
+                        drafter_window=(drafter.name, drafter.max_positions))
   return run_loop(_tree_decode, target, target_params, drafter, drafter_params, req,
                   sampling=sampling, normalize_q=asd_config.normalize_q, stream=stream)

@@ -79,7 +79,7 @@ def eagle3_tree_drafter(fns: Eagle3Fns, shape: TreeShape) -> TreeDrafter:
 
   return TreeDrafter(prefill=prefill, propose=propose, shape=shape, vocab_size=vocab,
                      name="eagle3", feature_layers=tuple(cfg.fused_layers),
-                     param_shapes=fns.param_shapes)
+                     param_shapes=fns.param_shapes, max_positions=cfg.max_position_embeddings)
 
 
 def medusa_choices(shape: TreeShape, num_heads: int) -> list[tuple[int, ...]]:

@@ -41,6 +41,7 @@ def test_eagle3_trees_equal_plain_greedy(shape):
   set_vocab_map(model, *reduced_vocab_map(counts, 40))
   fns, dparams = eagle3_fns(model)
   drafter = eagle3_tree_drafter(fns, shape)
+  assert drafter.max_positions == cfg.max_position_embeddings  # its window, for the warning
   target_fns, tparams = decoder_fns(_TARGET, hidden_layers=drafter.feature_layers)
   _greedy_equality(drafter, dparams, target_fns, tparams)
 

@@ -110,25 +110,13 @@ def test_a_store_round_compiles_to_no_loop_of_its_own_on_a_gpu():
   loop, the rounds': neither the store's table search nor the choice of verification width
   loops inside a round, where on a GPU every loop step costs kernel launches and a read of its
   condition. Lowered for the CPU the store keeps its binary-search loops (SEARCH_METHODS)."""
-  from asd_jax.asd_config import PAPER
-  from asd_jax.sampling import SamplingConfig
-  from asd_jax.spec_decode import _asd_decode, prepare_request
+  from tests.lowering import chain_engine_loops
   fns = fake_lm(vocab_size=16)
   store = build_store([list(range(16))], vocab_size=16, min_n=2, max_n=4)
   drafter = ngram_drafter(3, 16, store=store)
-  sampling = SamplingConfig()
-  req = prepare_request(fns, 16, np.array([[0, 1, 2]], np.int32), np.array([3], np.int32),
-                        rule="strict", asd_config=PAPER, sampling=sampling, eos_ids=(),
-                        max_new_tokens=12, max_new_B=None, capacity=None, lookahead=3,
-                        what="K=3")
 
   def loops(platform):
-    lowered = _asd_decode.trace(
-        fns, None, drafter, store.tables, *req.arrays, rule=req.rule,
-        sampling=sampling.filters(), normalize_q=False, max_new_tokens=req.max_new_tokens,
-        capacity=req.capacity, eos_ids=req.eos_ids, stream=None).lower(
-            lowering_platforms=(platform,))
-    return lowered.as_text().count("stablehlo.while")
+    return chain_engine_loops(fns, None, drafter, store.tables, platform)
 
   assert loops("cuda") == 1
   assert loops("cpu") > 1

@@ -285,3 +285,40 @@ def test_k_must_be_positive():
   assert lm_chain_drafter(_TFNS, 4.0).num_draft == 4
   with pytest.raises(ValueError, match="K"):
     ChainDrafter(prefill=None, propose=None, num_draft=-1, vocab_size=VOCAB)
+
+
+def test_a_language_model_chain_round_compiles_to_no_loop_of_its_own_on_a_gpu():
+  """Lowered for CUDA (no GPU needed), the chain engine with a standalone drafter holds one
+  while loop, the rounds': the drafter's K - 1 autoregressive steps are unrolled."""
+  from tests.lowering import chain_engine_loops
+  tparams, dparams = _pair(0)
+  drafter = lm_chain_drafter(_TFNS, 4)  # the drafter shares the target's graph (see _pair)
+  assert chain_engine_loops(_TFNS, tparams, drafter, dparams, "cuda") == 1
+
+
+def test_a_request_past_the_drafters_window_is_decoded_with_a_warning():
+  """A drafter trained for fewer positions than the request reaches drafts worse there (its
+  position encoding extrapolates); that costs speed, never a wrong token, so the request is
+  decoded (strict output == plain) and the user is told why it may be slow."""
+  import dataclasses
+  import warnings
+
+  from asd_jax.draft_tree import TreeShape, lm_tree_drafter
+  from asd_jax.tree_decode import asd_tree_decode
+  tparams, dparams = _pair(3)
+  short = dataclasses.replace(_TFNS, max_positions=12, name="short-drafter")
+  prompt = np.array([[5, 9, 2, 7, 7, 1]], np.int32)
+  lengths = np.array([6], np.int32)
+  plain = plain_decode(_TFNS, tparams, prompt, lengths, max_new_tokens=8)
+  for decode, drafter in ((asd_decode, lm_chain_drafter(short, 3)),
+                          (asd_tree_decode, lm_tree_drafter(short, TreeShape(2, 2, 3)))):
+    assert drafter.max_positions == 12
+    with pytest.warns(UserWarning, match="reach 14 positions, past the 12 drafter "
+                      "'short-drafter' was trained for"):
+      out = decode(_TFNS, tparams, drafter, dparams, prompt, lengths, max_new_tokens=8)
+    np.testing.assert_array_equal(out.tokens_BxN, plain.tokens_BxN)
+    with warnings.catch_warnings():
+      warnings.simplefilter("error")  # within the window: no warning
+      decode(_TFNS, tparams, drafter, dparams, prompt, lengths, max_new_tokens=6)
+  with pytest.raises(ValueError, match="max_positions must be a positive integer"):
+    dataclasses.replace(lm_chain_drafter(short, 3), max_positions=0)

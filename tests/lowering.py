@@ -1,0 +1,24 @@
+"""How many while loops a decode engine's program holds when lowered for a platform (no such
+device needed): on a GPU every step of a loop inside a round costs kernel launches and a read
+of its condition, so the engines keep one loop, the rounds'."""
+
+import numpy as np
+
+from asd_jax.asd_config import PAPER
+from asd_jax.sampling import SamplingConfig
+from asd_jax.spec_decode import _asd_decode, prepare_request
+
+
+def chain_engine_loops(fns, params, drafter, draft_params, platform: str) -> int:
+  """stablehlo.while ops in the chain engine's program (strict, one 3-token prompt)."""
+  sampling = SamplingConfig()
+  req = prepare_request(fns, drafter.vocab_size, np.array([[0, 1, 2]], np.int32),
+                        np.array([3], np.int32), rule="strict", asd_config=PAPER,
+                        sampling=sampling, eos_ids=(), max_new_tokens=12, max_new_B=None,
+                        capacity=None, lookahead=drafter.num_draft, what=f"K={drafter.num_draft}")
+  lowered = _asd_decode.trace(
+      fns, params, drafter, draft_params, *req.arrays, rule=req.rule,
+      sampling=sampling.filters(), normalize_q=False, max_new_tokens=req.max_new_tokens,
+      capacity=req.capacity, eos_ids=req.eos_ids, stream=None).lower(
+          lowering_platforms=(platform,))
+  return lowered.as_text().count("stablehlo.while")
