@@ -113,3 +113,21 @@ def test_chain_as_tree_equals_chain_engine_tokens_and_stats():
     for field in ("rounds_B", "accepted_B", "accepted_per_position_BxK", "asd_exceptions_B"):
       np.testing.assert_array_equal(getattr(chain.stats, field), getattr(tree.stats, field))
     np.testing.assert_allclose(chain.stats.asd_spent_B, tree.stats.asd_spent_B, rtol=1e-5)
+
+
+def test_feature_tree_rounds_compile_to_no_loop_of_their_own_on_a_gpu():
+  """Lowered for CUDA (no GPU needed), the tree engine with an EAGLE-3 head (tree and top-1
+  chain) or Medusa heads holds one while loop, the rounds' (see tests/lowering.py)."""
+  from tests.lowering import tree_engine_loops
+  cfg = Eagle3Config.for_target(_TARGET.cfg, draft_vocab_size=40, fused_layers=(0, 1, 3))
+  model = init_eagle3(cfg, seed=3, target=_TARGET)
+  set_vocab_map(model, *reduced_vocab_map(np.random.RandomState(0).randint(0, 100, VOCAB), 40))
+  fns, eagle_params = eagle3_fns(model)
+  heads = init_medusa(MedusaConfig(hidden_size=_TARGET.cfg.hidden_size, vocab_size=VOCAB,
+                                   num_heads=3), seed=1, target=_TARGET)
+  for drafter, dparams in ((eagle3_tree_drafter(fns, TreeShape(4, 4, 16)), eagle_params),
+                           (eagle3_tree_drafter(fns, TreeShape(3, 1, 3)), eagle_params),
+                           (medusa_tree_drafter(heads, _TARGET, TreeShape(3, 2, 7)),
+                            medusa_drafter_params(heads, _TARGET))):
+    target_fns, tparams = decoder_fns(_TARGET, hidden_layers=drafter.feature_layers)
+    assert tree_engine_loops(target_fns, tparams, drafter, dparams, "cuda") == 1, drafter.name

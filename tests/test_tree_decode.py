@@ -100,21 +100,9 @@ def test_a_tree_round_compiles_to_no_loop_of_its_own_on_a_gpu():
   tree's root paths, found once to verify and once to compact the cache, loop over no depth
   inside a round, where on a GPU every loop step costs kernel launches and a read of its
   condition."""
-  from asd_jax.asd_config import PAPER
-  from asd_jax.spec_decode import prepare_request
-  from asd_jax.tree_decode import _tree_decode
-  shape = TreeShape(4, 4, 16)
-  sampling = SamplingConfig()
-  req = prepare_request(_TFNS, VOCAB, np.array([[1, 2, 3]], np.int32), np.array([3], np.int32),
-                        rule="strict", asd_config=PAPER, sampling=sampling, eos_ids=(),
-                        max_new_tokens=12, max_new_B=None, capacity=None,
-                        lookahead=shape.num_nodes + 1, what="tree")
-  lowered = _tree_decode.trace(
-      _TFNS, _TPARAMS, lm_tree_drafter(_TFNS, shape), _TPARAMS, *req.arrays, rule=req.rule,
-      sampling=sampling.filters(), normalize_q=False, max_new_tokens=req.max_new_tokens,
-      capacity=req.capacity, eos_ids=req.eos_ids, stream=None).lower(
-          lowering_platforms=("cuda",))
-  assert lowered.as_text().count("stablehlo.while") == 1
+  from tests.lowering import tree_engine_loops
+  drafter = lm_tree_drafter(_TFNS, TreeShape(4, 4, 16))
+  assert tree_engine_loops(_TFNS, _TPARAMS, drafter, _TPARAMS, "cuda") == 1
 
 
 def test_asd_tree_ledger_is_bounded():
