@@ -1,10 +1,11 @@
 """Named model pairs for `--pair NAME` in `python -m asd_jax.generate` and `asd_jax.bench`: a
 target and the drafter shipped for it, so one name sets both.
 
-A pair's drafter is its best-agreeing trained drafter (highest tau): what a GPU/TPU user wants.
-On two CPU cores a verified token costs arithmetic and the n-gram store is the faster choice
-(README, "Why speculation does not pay more on this CPU"); `--target T --draft ngram+store`
-gives it.
+A pair's drafter is its best-agreeing trained drafter (highest tau). Where speed was measured it
+was not the fastest choice: on two CPU cores a verified token costs arithmetic (README, "Why
+speculation does not pay more on this CPU"), and on one H200 the model-free n-gram store ran
+at 1.65x plain strict against 1.28x for the EAGLE-3 tree (the standalone drafter was not run
+there; README, "On the H200 again"). `--target T --draft ngram+store` gives the store.
 """
 
 from __future__ import annotations
