@@ -13,8 +13,8 @@
 # Each stage has its own time limit and writes its own JSON, so a slow stage costs only itself.
 # The environment must already hold the package and the assets (`make venv`, or PYTHONPATH).
 # On the H200: n-gram 210 s with the GGUF conversion (66 s once converted), EAGLE-3 134 s,
-# wide n-gram ~200 s, transformers 53 s (stops 31 and 32). One device call runs at most 600 s,
-# so a fresh machine may need two calls (STAGES).
+# wide n-gram ~200 s, transformers 53 s (stops 31 and 32); the standalone stage has not run on a
+# GPU yet. One device call runs at most 600 s, so a fresh machine may need two calls (STAGES).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
@@ -26,7 +26,7 @@ export PYTHONUNBUFFERED=1
 # The native kernels are CPU-only (models/native_kernels.py): don't compile them here.
 export ASD_JAX_NATIVE=${ASD_JAX_NATIVE:-0}
 
-STAGES=${STAGES:-ngram eagle3 ngram_wide ar}
+STAGES=${STAGES:-ngram eagle3 ngram_wide ar standalone}
 
 stage() {  # stage NAME SECONDS CMD...: one stage under its own limit, its output teed to a log
   local name=$1 limit=$2; shift 2
@@ -57,3 +57,7 @@ stage ngram_wide "${NGRAM_WIDE_LIMIT:-260}" $PY -m asd_jax.bench "${SPEC[@]}" \
 # is slow enough to dominate the stage).
 stage ar "${AR_LIMIT:-90}" $PY -m asd_jax.bench --mode ar --num-prompts 2 \
   --max-new-tokens "$MAX_NEW_TOKENS" --prompt-bucket 256 --json "$OUT_DIR/gpu_ar.json"
+# The distilled standalone drafter (the --pair default), never measured on a GPU: chain K=4
+# (its K-1 steps unrolled since stop 33) and tree 4,4,16, strict and ASD.
+stage standalone "${STANDALONE_LIMIT:-240}" $PY -m asd_jax.bench "${SPEC[@]}" \
+  --draft smollm2-135m-standalone@4 --tree 4,4,16 --json "$OUT_DIR/gpu_standalone.json"
