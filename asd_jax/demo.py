@@ -27,7 +27,8 @@ MAX_NEW = 96
 TIMED_PASSES = 3
 DRAFTERS = ("smollm2-135m-standalone", "smollm2-135m-eagle3")  # best measured tau first
 NGRAM = "ngram+store"  # the model-free drafter with the target's n-gram store
-# Each drafter drafts at its measured best K on this backend (models/drafter_setup.MEASURED_K).
+# Each drafter drafts at the K the README benchmarks ran it at on this backend
+# (models/drafter_setup.BENCHMARKED_K).
 
 
 def _tokens(out) -> list[int]:

@@ -12,8 +12,8 @@ Examples:
 
 Without --draft: plain decoding. With --draft: --rule strict (default; output == plain greedy),
 asd (--asd-preset, --budget/--gate/--max-exceptions; greedy only) or sample (lossless, uses
---temperature). Without --k a shipped drafter drafts at the K measured fastest for it on this
-backend (models/drafter_setup.MEASURED_K), any other at 4.
+--temperature). Without --k a shipped drafter drafts at the K its benchmarks ran it at on this
+backend (models/drafter_setup.BENCHMARKED_K), any other at 4.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
   spec.add_argument("--drafter", choices=("standalone", "eagle3", "medusa", "ngram"),
                     help="drafter kind (default: read from the drafter folder's config.json)")
   spec.add_argument("--k", type=int, help="draft block length K of a chain (default: the "
-                    "drafter's measured best on this backend, 4 if not measured)")
+                    "K the drafter was benchmarked at on this backend, else 4)")
   spec.add_argument("--tree", help="DEPTH,TOPK,NODES: tree drafting (EAGLE-2 dynamic trees; "
                     "Medusa static trees); chain drafting when absent")
   presets = ", ".join(f"{name} (B={c.budget:g}, g={c.gate:g}, M={c.max_exceptions})"

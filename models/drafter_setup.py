@@ -28,27 +28,28 @@ from models.lm_fns import decoder_fns
 KINDS = ("standalone", "eagle3", "medusa", "ngram")
 CHAIN_ONLY_KINDS = frozenset({"ngram"})  # kinds with no tree drafter: setup_drafter refuses a tree
 
-# The chain length K each shipped drafter was measured fastest at, by JAX backend: "cpu" (two
-# CPU cores) or "accelerator" (one NVIDIA H200; a TPU gets the same, untested). On the GPU a
-# round verifying 9-13 positions costs about one plain step, so a longer chain pays there; on
-# the CPU every verified position costs arithmetic. Sources: README, "Benchmarks" and "So which
-# K where"; the standalone drafter was distilled for K=2 (scripts/distill_standalone_drafter.py).
-MEASURED_K: dict[str, dict[str, int]] = {
+# The chain length K each shipped drafter's README benchmarks ran it at, by JAX backend: "cpu"
+# (two CPU cores) or "accelerator" (one NVIDIA H200; a TPU gets the same, untested). Only the
+# store's K was chosen among several (README, "So which K where"): on the GPU a round verifying
+# 9-13 positions costs about one plain step, so a longer chain pays there, while on the CPU
+# every verified position costs arithmetic. The standalone drafter was distilled for K=2
+# (scripts/distill_standalone_drafter.py); EAGLE-3 ran at K=3 only.
+BENCHMARKED_K: dict[str, dict[str, int]] = {
     "smollm2-135m-standalone": {"cpu": 2},
     "smollm2-135m-eagle3": {"cpu": 3, "accelerator": 3},
-    # GPU: strict 1.71x at K=8, 1.74x at K=12, but ASD's answers grow with K (+22% at K=12 on
-    # HumanEval), so the shorter of the two.
+    # GPU: strict 1.59x at K=3, 1.65x at 5, 1.71x at 8, 1.74x at 12; ASD's answers grow with K
+    # (+22% at K=12 on HumanEval, on the CPU), so 8. CPU: K=5 1.25x strict, K=12 0.98x.
     "ngram+store": {"cpu": 5, "accelerator": 8},
 }
-UNMEASURED_K = 4  # any other drafter
+FALLBACK_K = 4  # any other drafter
 
 
 def default_k(draft: str, backend: str) -> int:
-  """K for a drafter named `draft` when the user gives none: its measured best on `backend`
-  (jax.default_backend()), the CPU's when only that was measured, else UNMEASURED_K."""
-  by_backend = MEASURED_K.get(str(draft).lower(), {})
+  """K for a drafter named `draft` when the user gives none: the K it was benchmarked at on
+  `backend` (jax.default_backend()), the CPU's when only that was run, else FALLBACK_K."""
+  by_backend = BENCHMARKED_K.get(str(draft).lower(), {})
   where = "cpu" if backend == "cpu" else "accelerator"
-  return by_backend.get(where, by_backend.get("cpu", UNMEASURED_K))
+  return by_backend.get(where, by_backend.get("cpu", FALLBACK_K))
 
 
 @dataclasses.dataclass

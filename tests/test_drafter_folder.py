@@ -204,14 +204,14 @@ def test_a_folder_of_another_drafter_kind_is_named_as_such(name, kind):
 
 def test_default_k_is_the_measured_best_per_backend():
   from models.drafter_folder import KNOWN_DRAFTERS
-  from models.drafter_setup import MEASURED_K, UNMEASURED_K, default_k
+  from models.drafter_setup import BENCHMARKED_K, FALLBACK_K, default_k
   assert default_k("ngram+store", "cpu") == 5 and default_k("ngram+store", "gpu") == 8
   assert default_k("NGRAM+STORE", "tpu") == 8  # any accelerator; names are case-insensitive
   # measured on the CPU only: the CPU's value everywhere
   assert default_k("smollm2-135m-standalone", "gpu") == default_k(
       "smollm2-135m-standalone", "cpu") == 2
   for other in ("ngram", "ngram:1-4+store", "self", "path/to/folder"):
-    assert default_k(other, "cpu") == default_k(other, "gpu") == UNMEASURED_K
-  for name, by_backend in MEASURED_K.items():  # every entry names a drafter that exists
+    assert default_k(other, "cpu") == default_k(other, "gpu") == FALLBACK_K
+  for name, by_backend in BENCHMARKED_K.items():  # every entry names a drafter that exists
     assert name in KNOWN_DRAFTERS or name == "ngram+store", name
     assert set(by_backend) <= {"cpu", "accelerator"} and "cpu" in by_backend, name

@@ -147,7 +147,7 @@ def test_asd_settings_come_from_the_preset_and_k_from_the_drafter(tiny_target, c
   import json
 
   from asd_jax.asd_config import EXPLORATORY, PAPER
-  from models.drafter_setup import UNMEASURED_K
+  from models.drafter_setup import FALLBACK_K
 
   def run(*flags):
     main(["--target", str(tiny_target), "--prompt-ids", "3,4,3,4,3", "--max-new-tokens", "6",
@@ -157,7 +157,7 @@ def test_asd_settings_come_from_the_preset_and_k_from_the_drafter(tiny_target, c
   stats = run("--rule", "asd")
   assert stats["asd_config"] == {"preset": "paper", "budget": PAPER.budget, "gate": PAPER.gate,
                                  "max_exceptions": PAPER.max_exceptions, "normalize_q": False}
-  assert stats["k"] == UNMEASURED_K  # the n-gram drafter without a store was never measured
+  assert stats["k"] == FALLBACK_K  # the n-gram drafter without a store has no benchmarked K
   stats = run("--rule", "asd", "--asd-preset", "exploratory", "--max-exceptions", "1",
               "--normalize-q", "--k", "3")
   assert stats["asd_config"] == {"preset": "exploratory", "budget": EXPLORATORY.budget,
