@@ -116,6 +116,42 @@ def parse_prompt_ids(text: str) -> list[int]:
   return ids
 
 
+def read_prompts_file(path: str) -> list[str]:
+  """The user messages of a prompts file, in order: one per line, or, for a `.jsonl` file, one
+  JSON object per line with a string "prompt" (a message with newlines in it). Trailing blank
+  lines are dropped; a blank line or message between prompts is refused, as a hole in the file
+  is likelier a mistake than a prompt."""
+  import json
+  flag = f"--prompts-file {path}"
+  if Path(path).is_dir():
+    raise ValueError(f"{flag} is a folder, not a file")
+  try:
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+  except FileNotFoundError:
+    raise ValueError(f"{flag}: no such file") from None
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{flag}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+  while lines and not lines[-1].strip():
+    lines.pop()
+  if not lines:
+    raise ValueError(f"empty prompt: {flag} holds no prompts")
+  prompts = []
+  for number, line in enumerate(lines, 1):
+    if str(path).endswith(".jsonl") and line.strip():
+      try:
+        record = json.loads(line)
+      except ValueError as e:
+        raise ValueError(f"{flag}: line {number} is not JSON ({e})") from None
+      if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+        raise ValueError(f'{flag}: line {number} must be an object with a string "prompt"')
+      line = record["prompt"]
+    if not line.strip():
+      raise ValueError(f"empty prompt: {flag}, line {number} is blank; write one prompt per "
+                       "line")
+    prompts.append(line)
+  return prompts
+
+
 def bucketed_width(longest: int, bucket: int) -> int:
   """`longest` rounded up to a multiple of `bucket` (at least 1: an empty row still gets a
   column)."""

@@ -9,11 +9,13 @@ Examples:
   python -m asd_jax.generate --prompt "..." --draft self --rule strict      # self-draft check
   python -m asd_jax.generate --prompt "..." --draft DIR --tree 4,4,16 --rule asd
   python -m asd_jax.generate --prompt "..." --draft ngram --k 3 --stream   # print as it goes
+  python -m asd_jax.generate --prompts-file questions.txt --draft ngram+store --json  # batched
 
 Without --draft: plain decoding. With --draft: --rule strict (default; output == plain greedy),
 asd (--asd-preset, --budget/--gate/--max-exceptions; greedy only) or sample (lossless, uses
---temperature). Without --k a shipped drafter drafts at the K its benchmarks ran it at on this
-backend (models/drafter_setup.BENCHMARKED_K), any other at 4.
+--temperature). --prompts-file answers many prompts, --batch-size rows at a time (a
+greedy row decodes as it would alone). Without --k a shipped drafter drafts at the K its
+benchmarks ran it at on this backend (models/drafter_setup.BENCHMARKED_K), any other at 4.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import jax
 import numpy as np
 
 from asd_jax.cli_common import (attach_dash_values, enable_compilation_cache, parse_prompt_ids,
-                                right_pad, run_cli, text_stream)
+                                read_prompts_file, right_pad, run_cli, text_stream)
 from asd_jax.asd_config import PRESETS, preset_with
 from asd_jax.plain_decode import plain_decode
 from asd_jax.sampling import SamplingConfig
@@ -35,6 +37,8 @@ from asd_jax.sampling_keys import row_keys
 from asd_jax.draft_tree import TreeShape
 from asd_jax.spec_decode import RULES
 from configs.model_pairs import apply_pair
+
+BATCH_SIZE = 8  # --prompts-file rows per decode call
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
   src = p.add_mutually_exclusive_group(required=True)
   src.add_argument("--prompt", help="user message; the chat template is applied")
   src.add_argument("--prompt-ids", help="raw comma-separated token ids, no template")
+  src.add_argument("--prompts-file", help="user messages, one per line (or a .jsonl file of "
+                   '{"prompt": ...} objects); the chat template is applied to each')
+  p.add_argument("--batch-size", type=int,
+                 help=f"rows decoded together with --prompts-file (default {BATCH_SIZE})")
   p.add_argument("--max-new-tokens", type=int, default=128)
   p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
   p.add_argument("--top-k", type=int, default=0, help="0 = off")
@@ -103,6 +111,22 @@ def check_asd_flags_apply(args) -> None:
                      "pass --draft and --rule asd, or drop it")
 
 
+def check_rows_fit(rows: list[list[int]], max_new_tokens: int, max_positions: int | None,
+                   path: str) -> None:
+  """Every prompt of a file is checked before the first batch decodes, so a long one on line 90
+  does not throw away the answers of lines 1-89; the error names the lines."""
+  if max_positions is None:
+    return
+  over = [i + 1 for i, r in enumerate(rows) if len(r) + max_new_tokens > max_positions]
+  if over:
+    longest = max(len(rows[i - 1]) for i in over)
+    raise ValueError(f"--prompts-file {path}: prompt(s) on line(s) "
+                     f"{', '.join(map(str, over[:10]))}{' ...' if len(over) > 10 else ''} "
+                     f"(up to {longest} tokens) + max_new_tokens ({max_new_tokens}) exceed the "
+                     f"context window ({max_positions} positions); shorten them or lower "
+                     "--max-new-tokens")
+
+
 @run_cli
 def main(argv=None):
   argv = sys.argv[1:] if argv is None else list(argv)
@@ -115,7 +139,17 @@ def main(argv=None):
   if args.prompt is not None and not args.prompt.strip():
     raise ValueError("empty prompt: --prompt is blank")
   # Every flag is checked before the (slow) model load, so a typo fails in milliseconds.
-  ids = parse_prompt_ids(args.prompt_ids) if args.prompt is None else None
+  ids = parse_prompt_ids(args.prompt_ids) if args.prompt_ids is not None else None
+  messages = read_prompts_file(args.prompts_file) if args.prompts_file else None
+  if messages is None and args.batch_size is not None:
+    raise ValueError("--batch-size sets the rows decoded together from --prompts-file; "
+                     "pass --prompts-file or drop it")
+  batch_size = BATCH_SIZE if args.batch_size is None else args.batch_size
+  if batch_size <= 0:
+    raise ValueError(f"--batch-size must be a positive integer, got {batch_size}")
+  if messages is not None and args.stream:
+    raise ValueError("--stream prints one answer as it arrives; use it with --prompt, not "
+                     "--prompts-file")
   if args.draft is None and args.rule is not None:
     raise ValueError(f"--rule {args.rule} needs a drafter: pass --draft")
   if args.k is not None and args.k <= 0:
@@ -146,67 +180,105 @@ def main(argv=None):
   tokenizer = load_tokenizer(args.target)
   check_tokenizer_fits(tokenizer, loaded.model.cfg.vocab_size, args.target)
   load_s = time.perf_counter() - t0
-  if ids is None:
-    ids = encode_chat(tokenizer, args.prompt)
+  if messages is not None:
+    rows = [encode_chat(tokenizer, m) for m in messages]
+  else:
+    rows = [ids if ids is not None else encode_chat(tokenizer, args.prompt)]
   eos = () if args.ignore_eos else eos_token_ids(tokenizer, loaded.hf_config)
   fns, params = decoder_fns(loaded.model, name=args.target)
-  prompt, lengths = right_pad([ids])
+  if messages is not None:
+    check_rows_fit(rows, args.max_new_tokens, fns.max_positions, args.prompts_file)
   stream = text_stream(tokenizer) if args.stream else None
 
   if args.draft is None:
-    t0 = time.perf_counter()
-    result = jax.block_until_ready(plain_decode(
-        fns, params, prompt, lengths, max_new_tokens=args.max_new_tokens, eos_ids=eos,
-        sampling=sampling, seed=args.seed, stream=stream))
-    wall_s = time.perf_counter() - t0
-    stats = {"mode": "plain", "target_forwards": int(result.target_forwards_B[0]), "tau": 1.0}
+    stats = {"mode": "plain"}
+
+    def decode(prompt, lengths):
+      return plain_decode(fns, params, prompt, lengths, max_new_tokens=args.max_new_tokens,
+                          eos_ids=eos, sampling=sampling, seed=args.seed, stream=stream)
   else:
     rule = args.rule or "strict"
     from models.drafter_setup import default_k, setup_drafter
     k = args.k or default_k(args.draft, jax.default_backend())
     setup = setup_drafter(args.draft, loaded, k=k, tree=tree, kind=args.drafter,
                           dtype=args.dtype, target_name=args.target)
-    t0 = time.perf_counter()
-    result = jax.block_until_ready(setup.decode(
-        setup.target_fns, setup.target_params, setup.drafter, setup.params, prompt, lengths,
-        max_new_tokens=args.max_new_tokens, rule=rule, asd_config=asd_config,
-        sampling=sampling, eos_ids=eos, seed=args.seed, stream=stream))
-    wall_s = time.perf_counter() - t0
-    summary = result.stats.summary()
     stats = {"mode": "speculative", "rule": rule, "k": None if tree else k, "draft": args.draft,
-             "drafter": setup.kind, "engine": setup.engine, "tree": args.tree,
-             "rounds": summary["rounds"], "tau": summary["tau"],
-             "accepted_per_position": summary["accepted_per_position"],
-             "asd_exceptions": summary["asd_exceptions"][0],
-             "asd_spent": summary["asd_spent"][0]}
+             "drafter": setup.kind, "engine": setup.engine, "tree": args.tree}
     if rule == "asd":
       stats["asd_config"] = {"preset": args.asd_preset or "paper", "budget": asd_config.budget,
                              "gate": asd_config.gate, "max_exceptions": asd_config.max_exceptions,
                              "normalize_q": asd_config.normalize_q}
 
-  n = int(result.num_generated_B[0])
-  tokens = np.asarray(result.tokens_BxN[0, :n]).tolist()
-  nonfinite = bool(result.nonfinite_B[0])
-  text = tokenizer.decode(tokens, skip_special_tokens=True)
+    def decode(prompt, lengths):
+      return setup.decode(setup.target_fns, setup.target_params, setup.drafter, setup.params,
+                          prompt, lengths, max_new_tokens=args.max_new_tokens, rule=rule,
+                          asd_config=asd_config, sampling=sampling, eos_ids=eos,
+                          seed=args.seed, stream=stream)
+
+  answers, results = [], []
+  t0 = time.perf_counter()
+  for start in range(0, len(rows), batch_size):
+    prompt, lengths = right_pad(rows[start:start + batch_size])
+    result = jax.block_until_ready(decode(prompt, lengths))
+    results.append(result)
+    for b in range(prompt.shape[0]):
+      n = int(result.num_generated_B[b])
+      tokens = np.asarray(result.tokens_BxN[b, :n]).tolist()
+      answers.append({"tokens": tokens,
+                      "text": tokenizer.decode(tokens, skip_special_tokens=True),
+                      "nonfinite_logits": bool(result.nonfinite_B[b])})
+  wall_s = time.perf_counter() - t0  # includes compilation unless the persistent cache had it
+  if args.draft is None:
+    forwards = np.concatenate([np.asarray(r.target_forwards_B) for r in results])
+    stats.update(target_forwards=int(forwards.sum()), tau=1.0)
+    per_row = [{"target_forwards": int(f)} for f in forwards]
+  else:
+    # One DecodeStats over every row: its summary pools the rounds of all batches.
+    pooled = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]),
+                          *[r.stats for r in results])
+    summary = pooled.summary()
+    stats.update({key: summary[key] for key in ("rounds", "tau", "accepted_per_position")})
+    per_row = [{"tau": summary["tau_per_row"][i], "rounds": int(pooled.rounds_B[i]),
+                "asd_exceptions": summary["asd_exceptions"][i],
+                "asd_spent": summary["asd_spent"][i]} for i in range(len(rows))]
+  n_total = sum(len(a["tokens"]) for a in answers)
   stats.update({
-      "prompt_tokens": len(ids),
-      "new_tokens": n,
+      "prompt_tokens": sum(len(r) for r in rows),
+      "new_tokens": n_total,
       "load_s": round(load_s, 3),
-      "wall_s": round(wall_s, 3),  # includes compilation unless the persistent cache had it
-      "tokens_per_s": round(n / wall_s, 2),
+      "wall_s": round(wall_s, 3),
+      "tokens_per_s": round(n_total / wall_s, 2),
       "dtype": args.dtype,
       "backend": jax.default_backend(),
-      "nonfinite_logits": nonfinite,
+      "nonfinite_logits": any(a["nonfinite_logits"] for a in answers),
   })
-  if args.json:
-    print(json.dumps({"tokens": tokens, "text": text, "stats": stats}))
+  if messages is None:
+    answer = answers[0]
+    if args.draft is not None:
+      stats.update(asd_exceptions=per_row[0]["asd_exceptions"], asd_spent=per_row[0]["asd_spent"])
+    else:
+      stats.update(per_row[0])
   else:
-    print("" if args.stream else text)
-    print(f"\n[{n} tokens in {wall_s:.2f} s ({n / wall_s:.1f} tok/s incl. compile), "
+    stats.update(prompts=len(rows), batch_size=batch_size)
+    for message, answer, row in zip(messages, answers, per_row):
+      answer.update(prompt=message, new_tokens=len(answer["tokens"]), **row)
+  if args.json:
+    print(json.dumps({"tokens": answer["tokens"], "text": answer["text"], "stats": stats}
+                     if messages is None else {"answers": answers, "stats": stats}))
+  else:
+    if messages is None:
+      print("" if args.stream else answer["text"])
+    else:
+      for i, a in enumerate(answers):
+        print(f"### [{i + 1}/{len(answers)}] {a['prompt']}\n{a['text']}\n")
+    print(f"\n[{n_total} tokens in {wall_s:.2f} s ({n_total / wall_s:.1f} tok/s incl. compile), "
           f"load {load_s:.2f} s]")
-  if nonfinite:  # after the output, so the tokens before the bad step are not lost
-    raise ValueError(f"the model produced non-finite logits after {n} tokens; generation "
-                     f"stopped there (the output above is complete up to that point)")
+  bad = [i + 1 for i, a in enumerate(answers) if a["nonfinite_logits"]]
+  if bad:  # after the output, so the tokens before the bad step are not lost
+    where = (f"after {len(answers[0]['tokens'])} tokens" if messages is None else
+             f"in answer(s) {', '.join(map(str, bad))} of {len(answers)}")
+    raise ValueError(f"the model produced non-finite logits {where}; generation stopped there "
+                     "(the output above is complete up to that point)")
 
 
 if __name__ == "__main__":

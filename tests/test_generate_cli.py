@@ -40,6 +40,9 @@ from tests.test_bench_cli import tiny_target  # noqa: F401  (module fixture)
      "--normalize-q sets the ASD rule"),
     (["--prompt", "hi", "--draft", "self", "--tree", "2,2,3", "--k", "3"],
      "--k sets a chain's length; with --tree 2,2,3 the tree's DEPTH is the draft length"),
+    (["--prompts-file", "/no/such/file.txt"], "--prompts-file /no/such/file.txt: no such file"),
+    (["--prompts-file", "/"], "--prompts-file / is a folder, not a file"),
+    (["--prompt", "hi", "--batch-size", "4"], "--batch-size sets the rows decoded together"),
     (["--prompt", "hi", "--draft", "ngram", "--rule", "asd", "--asd-preset", "fast"],
      "unknown ASD preset 'fast'; choose one of paper, exploratory, strict"),
 ])
@@ -88,6 +91,15 @@ def test_nonfinite_logits_print_the_output_then_fail(tiny_target, tmp_path, caps
   out = json.loads(captured.out)
   assert out["tokens"] == [] and out["stats"]["nonfinite_logits"] is True
   assert "non-finite logits after 0 tokens" in captured.err
+  (tmp_path / "q.txt").write_text("the\na list\n")  # a file: every answer printed, then named
+  with pytest.raises(SystemExit) as e:
+    main(["--target", str(folder), "--prompts-file", str(tmp_path / "q.txt"),
+          "--max-new-tokens", "4", "--json"])
+  assert e.value.code == 2
+  captured = capsys.readouterr()
+  out = json.loads(captured.out)
+  assert [(a["tokens"], a["nonfinite_logits"]) for a in out["answers"]] == [([], True)] * 2
+  assert "non-finite logits in answer(s) 1, 2 of 2" in captured.err
 
 
 def test_dash_values_attach_only_to_the_named_flag():
@@ -143,7 +155,7 @@ def test_a_tokenizer_past_the_vocabulary_is_refused(tiny_target, tmp_path, capsy
   assert not (tmp_path / "drafter").exists()
 
 
-def test_asd_settings_come_from_the_preset_and_k_from_the_drafter(tiny_target, capsys):  # noqa: F811
+def test_asd_settings_from_the_preset_and_k_from_the_drafter(tiny_target, capsys):  # noqa: F811
   import json
 
   from asd_jax.asd_config import EXPLORATORY, PAPER
@@ -165,3 +177,74 @@ def test_asd_settings_come_from_the_preset_and_k_from_the_drafter(tiny_target, c
                                  "normalize_q": True}
   assert stats["k"] == 3 and stats["rounds"] >= 2
   assert "asd_config" not in run()  # strict: no ASD settings to report
+
+
+@pytest.mark.parametrize("name,content,message", [
+    ("blank.txt", "the list\n\nwrite python\n", "line 2 is blank"),
+    ("spaces.txt", "the list\n   \nwrite python\n", "line 2 is blank"),
+    ("empty.txt", "\n\n", "holds no prompts"),
+    ("bad.jsonl", '{"prompt": "the list"}\n{"text": "x"}\n',
+     'line 2 must be an object with a string "prompt"'),
+    ("broken.jsonl", '{"prompt": "the list"\n', "line 1 is not JSON"),
+    ("latin1.txt", b"caf\xe9\n", "not UTF-8 text"),
+])
+def test_a_bad_prompts_file_is_refused_before_the_model_loads(name, content, message, tmp_path,
+                                                              capsys):
+  path = tmp_path / name
+  (path.write_bytes if isinstance(content, bytes) else path.write_text)(content)
+  with pytest.raises(SystemExit) as e:
+    main(["--target", "no-such-model", "--prompts-file", str(path)])  # the file fails first
+  assert e.value.code == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("error: ") and message in err and "\n" not in err, err
+  for flags, refusal in ((["--batch-size", "0"], "--batch-size must be a positive integer"),
+                         (["--stream"], "--stream prints one answer as it arrives")):
+    (tmp_path / "ok.txt").write_text("the list\n")
+    with pytest.raises(SystemExit):
+      main(["--target", "no-such-model", "--prompts-file", str(tmp_path / "ok.txt"), *flags])
+    assert refusal in capsys.readouterr().err
+
+
+def test_a_prompts_file_answers_each_line_as_alone(tiny_target, tmp_path, capsys):  # noqa: F811
+  """Greedy rows batched from a file give each prompt's answer alone, plain and speculative;
+  a .jsonl file carries the same prompts; the stats pool every batch."""
+  import json
+  lines = ["write a python function", "the list of numbers", "return the list", "a"]
+  (tmp_path / "q.txt").write_text("\n".join(lines) + "\n\n")  # trailing blank lines: fine
+  (tmp_path / "q.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in lines))
+  common = ["--target", str(tiny_target), "--max-new-tokens", "6", "--ignore-eos", "--json"]
+
+  def run(*flags):
+    main([*common, *flags])
+    return json.loads(capsys.readouterr().out)
+
+  for draft in ([], ["--draft", "ngram", "--k", "3"]):
+    alone = [run("--prompt", p, *draft) for p in lines]
+    for source in ("q.txt", "q.jsonl"):
+      out = run("--prompts-file", str(tmp_path / source), "--batch-size", "3", *draft)
+      assert [a["prompt"] for a in out["answers"]] == lines
+      assert [a["tokens"] for a in out["answers"]] == [a["tokens"] for a in alone]
+      assert [a["text"] for a in out["answers"]] == [a["text"] for a in alone]
+      stats = out["stats"]
+      assert (stats["prompts"], stats["batch_size"], stats["new_tokens"]) == (4, 3, 24)
+      assert stats["prompt_tokens"] == sum(a["stats"]["prompt_tokens"] for a in alone)
+    if draft:
+      assert [a["rounds"] for a in out["answers"]] == [a["stats"]["rounds"] for a in alone]
+      assert [a["tau"] for a in out["answers"]] == [
+          pytest.approx(a["stats"]["tau"], abs=1e-4) for a in alone]
+      assert stats["rounds"] == sum(a["stats"]["rounds"] for a in alone)
+    else:
+      assert [a["target_forwards"] for a in out["answers"]] == [6] * 4
+
+
+def test_a_prompt_too_long_in_a_file_is_named_before_any_batch(tiny_target, tmp_path,  # noqa: F811
+                                                               capsys):
+  path = tmp_path / "q.txt"
+  path.write_text("the list\n" + "the " * 2040 + "\nwrite python\n")
+  with pytest.raises(SystemExit) as e:
+    main(["--target", str(tiny_target), "--prompts-file", str(path), "--max-new-tokens", "16"])
+  assert e.value.code == 2
+  captured = capsys.readouterr()
+  assert captured.out == ""  # nothing decoded, nothing half-printed
+  assert "prompt(s) on line(s) 2 (up to" in captured.err
+  assert "exceed the context window (2048 positions)" in captured.err
