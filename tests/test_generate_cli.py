@@ -228,6 +228,9 @@ def test_a_prompts_file_answers_each_line_as_alone(tiny_target, tmp_path, capsys
       stats = out["stats"]
       assert (stats["prompts"], stats["batch_size"], stats["new_tokens"]) == (4, 3, 24)
       assert stats["prompt_tokens"] == sum(a["stats"]["prompt_tokens"] for a in alone)
+    out = run("--prompts-file", str(tmp_path / "q.txt"), *draft)  # the default batch size
+    assert out["stats"]["batch_size"] == (1 if draft else 8)
+    assert [a["tokens"] for a in out["answers"]] == [a["tokens"] for a in alone]
     if draft:
       assert [a["rounds"] for a in out["answers"]] == [a["stats"]["rounds"] for a in alone]
       assert [a["tau"] for a in out["answers"]] == [
