@@ -262,10 +262,8 @@ def main(argv=None):
   })
   if messages is None:
     answer = answers[0]
-    if args.draft is not None:
+    if args.draft is not None:  # the row's own ledger (plain's forwards are the total above)
       stats.update(asd_exceptions=per_row[0]["asd_exceptions"], asd_spent=per_row[0]["asd_spent"])
-    else:
-      stats.update(per_row[0])
   else:
     stats.update(prompts=len(rows), batch_size=batch_size)
     for message, answer, row in zip(messages, answers, per_row):
