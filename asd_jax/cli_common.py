@@ -169,31 +169,46 @@ def right_pad(rows: list[list[int]], bucket: int = 32) -> tuple[np.ndarray, np.n
   return out, lengths
 
 
-def text_stream(tokenizer, row: int = 0, out=None):
+def text_stream(tokenizer, row: int = 0, out=None, stop=None):
   """A TokenStream that prints row `row`'s text to `out` (stdout) as its tokens arrive.
 
   The whole answer is re-decoded at each delivery and only the new suffix printed: byte-level
   BPE splits characters across tokens, so a token alone may not decode. A suffix ending in an
-  incomplete character (U+FFFD) waits for the next delivery.
+  incomplete character (U+FFFD) waits for the next delivery. With `stop` (StopStrings) the
+  stop string is never printed, and neither is a tail that may begin one until the next tokens
+  settle it; `stream.on_tokens.finish(answer_text)` prints what is still held back.
   """
   from asd_jax.token_stream import TokenStream
+  return TokenStream(_TextPrinter(tokenizer, row, out, stop))
 
-  tokens: list[int] = []
-  shown = [0]
 
-  def on_tokens(r: int, new: list[int]) -> None:
-    if r != row:
+class _TextPrinter:
+  """text_stream's callback (see there)."""
+
+  def __init__(self, tokenizer, row, out, stop):
+    self.tokenizer, self.row, self.out, self.stop = tokenizer, row, out, stop
+    self.tokens: list[int] = []
+    self.shown = 0
+
+  def __call__(self, r: int, new: list[int]) -> None:
+    if r != self.row:
       return
-    tokens.extend(new)
-    text = tokenizer.decode(tokens, skip_special_tokens=True)
+    self.tokens.extend(new)
+    text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
     if text.endswith("\ufffd"):
       return
-    stream = out or sys.stdout
-    stream.write(text[shown[0]:])
-    stream.flush()
-    shown[0] = len(text)
+    self._show(text if self.stop is None else self.stop.settled(text))
 
-  return TokenStream(on_tokens)
+  def finish(self, answer_text: str) -> None:
+    """After the decode call: prints the rest of the final answer (what was held back)."""
+    self._show(answer_text)
+
+  def _show(self, text: str) -> None:
+    if len(text) > self.shown:
+      out = self.out or sys.stdout
+      out.write(text[self.shown:])
+      out.flush()
+      self.shown = len(text)
 
 
 def time_interleaved(runs: dict[str, Callable], passes: int) -> tuple[dict, dict]:

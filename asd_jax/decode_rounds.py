@@ -3,8 +3,8 @@
 `asd_decode` (spec_decode.py) and `asd_tree_decode` (tree_decode.py) differ in how they draft
 and verify; both carry one `RoundState` through a `lax.while_loop`, start it with
 `initial_state` (prefill's token committed), end each round with `commit_round` (the accepted
-tokens plus the rule's next token, EOS and max_new_B truncation, stats, streaming) and turn it
-into a `SpecDecodeResult` with `finish`.
+tokens plus the rule's next token; EOS, max_new_B and stop-string truncation; stats; streaming)
+and turn it into a `SpecDecodeResult` with `finish`.
 
 Shape notation: B rows, T prompt width, K draft block length (a tree's path depth), V vocab,
 W = max_new_tokens + K + 1 (output buffer with room for one round's overshoot), S cache slots.
@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from asd_jax.decode_stats import DecodeStats
 from asd_jax.sampling import select_token
 from asd_jax.sampling_keys import split_keys
+from asd_jax.stop_strings import StopStrings, keep_until_stop
 from asd_jax.token_stream import TokenStream, emit
 
 
@@ -50,8 +51,10 @@ class RoundState:
 
 
 def commit_round(state: RoundState, draft_BxK, verdict, max_new_B, eos_ids,
-                 stream: TokenStream | None = None) -> RoundState:
-  """Appends x_{<a} + next_token to each active row; EOS and max_new_B truncate."""
+                 stream: TokenStream | None = None,
+                 stop: StopStrings | None = None) -> RoundState:
+  """Appends x_{<a} + next_token to each active row; EOS, max_new_B and stop strings
+  truncate."""
   b, k = draft_BxK.shape
   active_B = ~state.done_B & ~verdict.nonfinite
   a_B = verdict.num_accepted
@@ -74,7 +77,11 @@ def commit_round(state: RoundState, draft_BxK, verdict, max_new_B, eos_ids,
   cols_BxK1 = state.num_generated_B[:, None] + j_K1[None]
   cols_BxK1 = jnp.where(j_K1[None] < count_B[:, None], cols_BxK1, state.tokens_BxW.shape[1])
   tokens_BxW = state.tokens_BxW.at[rows_Bx1, cols_BxK1].set(block_BxK1, mode="drop")
-  num_generated_B = state.num_generated_B + count_B
+  # A stop string completed inside the block drops the tokens after it; they stay in the buffer
+  # past num_generated_B, where `finish` masks them.
+  num_generated_B, stopped_B = keep_until_stop(stop, tokens_BxW, state.num_generated_B,
+                                               state.num_generated_B + count_B)
+  count_B = num_generated_B - state.num_generated_B
   history_pos_BxK1 = jnp.where(in_block_BxK1 & active_B[:, None],
                                state.committed_B[:, None] + j_K1[None],
                                state.history_BxS.shape[1])
@@ -101,7 +108,8 @@ def commit_round(state: RoundState, draft_BxK, verdict, max_new_B, eos_ids,
       asd_spent_B=jnp.where(active_B, verdict.spent, s.asd_spent_B),
   )
   nonfinite_B = state.nonfinite_B | (live_B & verdict.nonfinite)
-  done_B = state.done_B | nonfinite_B | (active_B & hit_B) | (num_generated_B >= max_new_B)
+  done_B = (state.done_B | nonfinite_B | (active_B & hit_B) | stopped_B
+            | (num_generated_B >= max_new_B))
   emit(stream, tokens_BxW, state.num_generated_B, num_generated_B)
   return state.replace(tokens_BxW=tokens_BxW, num_generated_B=num_generated_B,
                        committed_B=committed_B, recent_Bx2=recent_Bx2, done_B=done_B,
@@ -110,7 +118,7 @@ def commit_round(state: RoundState, draft_BxK, verdict, max_new_B, eos_ids,
 
 def initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampling, eos_ids, *,
                   max_new_tokens, depth, target_cache, drafter_state, history_width,
-                  stream: TokenStream | None = None):
+                  stream: TokenStream | None = None, stop: StopStrings | None = None):
   """Loop state after prefill: the first token (from the prefill logits) is committed."""
   b = prompt_BxT.shape[0]
   rng, sub = split_keys(rng, 2)
@@ -121,6 +129,8 @@ def initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampl
   emit_B = first_ok_B & (max_new_B > 0)
   tokens_BxW = jnp.full((b, width), -1, jnp.int32).at[:, 0].set(jnp.where(emit_B, first_B, -1))
   num_generated_B = emit_B.astype(jnp.int32)
+  _, stopped_B = keep_until_stop(stop, tokens_BxW, jnp.zeros_like(num_generated_B),
+                                 num_generated_B)
   emit(stream, tokens_BxW, jnp.zeros_like(num_generated_B), num_generated_B)
   first_eos_B = jnp.isin(first_B, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else False
   history_BxS = jnp.zeros((b, history_width), jnp.int32)
@@ -135,7 +145,7 @@ def initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampl
       num_generated_B=num_generated_B,
       committed_B=lengths_B + 1,
       recent_Bx2=jnp.stack([last_prompt_B, first_B], axis=1),
-      done_B=~emit_B | (emit_B & first_eos_B) | (num_generated_B >= max_new_B),
+      done_B=~emit_B | (emit_B & first_eos_B) | stopped_B | (num_generated_B >= max_new_B),
       nonfinite_B=~first_ok_B,
       stats=DecodeStats(rounds_B=zeros_B, accepted_B=zeros_B,
                         accepted_per_position_BxK=jnp.zeros((b, depth), jnp.int32),

@@ -10,6 +10,7 @@ Examples:
   python -m asd_jax.generate --prompt "..." --draft DIR --tree 4,4,16 --rule asd
   python -m asd_jax.generate --prompt "..." --draft ngram --k 3 --stream   # print as it goes
   python -m asd_jax.generate --prompts-file questions.txt --draft ngram+store --json  # batched
+  python -m asd_jax.generate --prompt "..." --stop '\\n\\n' --json   # end at a blank line
 
 Without --draft: plain decoding. With --draft: --rule strict (default; output == plain greedy),
 asd (--asd-preset, --budget/--gate/--max-exceptions; greedy only) or sample (lossless, uses
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 
@@ -36,6 +38,7 @@ from asd_jax.sampling import SamplingConfig
 from asd_jax.sampling_keys import row_keys
 from asd_jax.draft_tree import TreeShape
 from asd_jax.spec_decode import RULES
+from asd_jax.stop_strings import StopStrings
 from configs.model_pairs import apply_pair
 
 # --prompts-file rows per decode call. On two CPU cores (bench --batch-size 1 vs 8, 8 MT-Bench
@@ -68,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens")
+  p.add_argument("--stop", action="append", metavar="TEXT",
+                 help="end an answer once its text contains TEXT (repeatable); the answer is "
+                 "shown up to it (the tokens through the one that completes it). \\n, \\t "
+                 "and \\\\ read as newline, tab and backslash")
   p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                  help="parameter/activation dtype (float32 on CPU, bfloat16 on TPU/GPU)")
   p.add_argument("--weight-blocks", action=argparse.BooleanOptionalAction, default=True,
@@ -118,6 +125,30 @@ def check_asd_flags_apply(args) -> None:
                      "pass --draft and --rule asd, or drop it")
 
 
+_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
+
+
+def parse_stop(values: list[str] | None) -> tuple[str, ...]:
+  """--stop values with \\n, \\t and \\\\ read as escapes (a shell passes a typed \\n as two
+  characters, and a stop at a blank line is the common case); any other backslash stays."""
+  if not values:
+    return ()
+  strings = tuple(re.sub(r"\\([nt\\])", lambda m: _ESCAPES[m.group(1)], v) for v in values)
+  if "" in strings:
+    raise ValueError("--stop '' would end every answer before its first token; give the text "
+                     "to stop at")
+  return strings
+
+
+def finish_reason(tokens: list[int], raw_text: str, eos, stop, nonfinite: bool) -> str:
+  """Why an answer ended: stop (a --stop string), eos, nonfinite (NaN/inf logits) or length."""
+  if stop is not None and stop.find(raw_text) is not None:
+    return "stop"
+  if tokens and tokens[-1] in eos:
+    return "eos"
+  return "nonfinite" if nonfinite else "length"
+
+
 def check_rows_fit(rows: list[list[int]], max_new_tokens: int, max_positions: int | None,
                    path: str) -> None:
   """Every prompt of a file is checked before the first batch decodes, so a long one on line 90
@@ -147,6 +178,7 @@ def main(argv=None):
     raise ValueError("empty prompt: --prompt is blank")
   # Every flag is checked before the (slow) model load, so a typo fails in milliseconds.
   ids = parse_prompt_ids(args.prompt_ids) if args.prompt_ids is not None else None
+  stop_strings = parse_stop(args.stop)
   messages = read_prompts_file(args.prompts_file) if args.prompts_file else None
   if messages is None and args.batch_size is not None:
     raise ValueError("--batch-size sets the rows decoded together from --prompts-file; "
@@ -196,14 +228,16 @@ def main(argv=None):
   fns, params = decoder_fns(loaded.model, name=args.target)
   if messages is not None:
     check_rows_fit(rows, args.max_new_tokens, fns.max_positions, args.prompts_file)
-  stream = text_stream(tokenizer) if args.stream else None
+  stop = StopStrings.from_tokenizer(tokenizer, stop_strings) if stop_strings else None
+  stream = text_stream(tokenizer, stop=stop) if args.stream else None
 
   if args.draft is None:
     stats = {"mode": "plain"}
 
     def decode(prompt, lengths):
       return plain_decode(fns, params, prompt, lengths, max_new_tokens=args.max_new_tokens,
-                          eos_ids=eos, sampling=sampling, seed=args.seed, stream=stream)
+                          eos_ids=eos, sampling=sampling, seed=args.seed, stream=stream,
+                          stop=stop)
   else:
     rule = args.rule or "strict"
     from models.drafter_setup import default_k, setup_drafter
@@ -221,7 +255,7 @@ def main(argv=None):
       return setup.decode(setup.target_fns, setup.target_params, setup.drafter, setup.params,
                           prompt, lengths, max_new_tokens=args.max_new_tokens, rule=rule,
                           asd_config=asd_config, sampling=sampling, eos_ids=eos,
-                          seed=args.seed, stream=stream)
+                          seed=args.seed, stream=stream, stop=stop)
 
   answers, results = [], []
   t0 = time.perf_counter()
@@ -232,9 +266,11 @@ def main(argv=None):
     for b in range(prompt.shape[0]):
       n = int(result.num_generated_B[b])
       tokens = np.asarray(result.tokens_BxN[b, :n]).tolist()
-      answers.append({"tokens": tokens,
-                      "text": tokenizer.decode(tokens, skip_special_tokens=True),
-                      "nonfinite_logits": bool(result.nonfinite_B[b])})
+      text = tokenizer.decode(tokens, skip_special_tokens=True)
+      nonfinite = bool(result.nonfinite_B[b])
+      answers.append({"tokens": tokens, "text": text if stop is None else stop.cut(text),
+                      "finish_reason": finish_reason(tokens, text, eos, stop, nonfinite),
+                      "nonfinite_logits": nonfinite})
   wall_s = time.perf_counter() - t0  # includes compilation unless the persistent cache had it
   if args.draft is None:
     forwards = np.concatenate([np.asarray(r.target_forwards_B) for r in results])
@@ -269,11 +305,16 @@ def main(argv=None):
     for message, answer, row in zip(messages, answers, per_row):
       answer.update(prompt=message, new_tokens=len(answer["tokens"]), **row)
   if args.json:
-    print(json.dumps({"tokens": answer["tokens"], "text": answer["text"], "stats": stats}
+    print(json.dumps({"tokens": answer["tokens"], "text": answer["text"],
+                      "finish_reason": answer["finish_reason"], "stats": stats}
                      if messages is None else {"answers": answers, "stats": stats}))
   else:
     if messages is None:
-      print("" if args.stream else answer["text"])
+      if args.stream:
+        stream.on_tokens.finish(answer["text"])  # what the stream held back at a stop's start
+        print()
+      else:
+        print(answer["text"])
     else:
       for i, a in enumerate(answers):
         print(f"### [{i + 1}/{len(answers)}] {a['prompt']}\n{a['text']}\n")

@@ -33,6 +33,7 @@ from asd_jax.plain_decode import DECODE_LOOP_COMPILER_OPTIONS
 from asd_jax.sampling import SamplingConfig, select_token
 from asd_jax.sampling_keys import row_keys, split_keys
 from asd_jax.spec_sampling import Filters, chain_sample_core, sample_without_draft
+from asd_jax.stop_strings import StopStrings, finish_stop, start_stop
 from asd_jax.token_stream import TokenStream, finish_stream, start_stream
 from asd_jax.verify_output import VerifyOutput
 
@@ -68,11 +69,12 @@ def _verify(rule, draft_BxK, draft_logits, target_logits_BxK1xV, spent_B, asd_sc
 
 @functools.partial(jax.jit, static_argnames=(
     "target", "drafter", "rule", "normalize_q", "max_new_tokens", "capacity", "eos_ids",
-    "stream"), compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
+    "stream", "stop"), compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
 def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, drafter_params,
                 prompt_BxT, lengths_B, max_new_B, asd_scalars, rng, *, rule: str,
                 sampling: Filters, normalize_q: bool, max_new_tokens: int, capacity: int,
-                eos_ids: tuple[int, ...], stream: TokenStream | None) -> SpecDecodeResult:
+                eos_ids: tuple[int, ...], stream: TokenStream | None,
+                stop: StopStrings | None) -> SpecDecodeResult:
   b = prompt_BxT.shape[0]
   k = drafter.num_draft
   target_cache = target.init_cache(b, capacity)
@@ -83,7 +85,7 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
   state = initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampling,
                         eos_ids, max_new_tokens=max_new_tokens, depth=k,
                         target_cache=target_cache, drafter_state=drafter_state,
-                        history_width=0, stream=stream)
+                        history_width=0, stream=stream, stop=stop)
 
   def cond(s: RoundState):
     # Every active row commits >= 1 token per round, so max_new_tokens rounds always suffice.
@@ -149,7 +151,7 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
                                              k_verify, own_B)
     s = s.replace(round=s.round + 1, target_cache=target_cache, drafter_state=drafter_state,
                   rng=rng)
-    return commit_round(s, draft_BxK, verdict, max_new_B, eos_ids, stream)
+    return commit_round(s, draft_BxK, verdict, max_new_B, eos_ids, stream, stop)
 
   state = jax.lax.while_loop(cond, body, state)
   return finish(state, max_new_tokens)
@@ -165,7 +167,8 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
                asd_config: ASDConfig = PAPER,
                sampling: SamplingConfig = SamplingConfig(), eos_ids=(), seed: int = 0,
                max_new_B=None, capacity: int | None = None,
-               stream: TokenStream | None = None) -> SpecDecodeResult:
+               stream: TokenStream | None = None,
+               stop: StopStrings | None = None) -> SpecDecodeResult:
   """Speculative decoding with chain drafting (jitted; one call per batch of requests).
 
   Args:
@@ -184,6 +187,8 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
       alone with its seed, whatever else is in the batch.
     capacity: cache slots per row (static); default: required_capacity rounded up to 64.
     stream: a TokenStream to receive each row's committed tokens on the host, round by round.
+    stop: StopStrings; a row ends with the token that completes one in its text (tokens a
+      round accepted past it are dropped).
 
   Returns:
     SpecDecodeResult with tokens, lengths, non-finite flags and DecodeStats. Non-finite
@@ -200,25 +205,28 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
                         lookahead=drafter.num_draft, what=f"K={drafter.num_draft}", seed=seed,
                         drafter_window=(drafter.name, drafter.max_positions))
   return run_loop(_asd_decode, target, target_params, drafter, drafter_params, req,
-                  sampling=sampling, normalize_q=asd_config.normalize_q, stream=stream)
+                  sampling=sampling, normalize_q=asd_config.normalize_q, stream=stream,
+                  stop=stop)
 
 
 def run_loop(loop, target: LanguageModelFns, target_params, drafter, drafter_params,
              req: PreparedRequest, *, sampling: SamplingConfig, normalize_q: bool,
-             stream: TokenStream | None):
+             stream: TokenStream | None, stop: StopStrings | None):
   """Runs a speculative decode loop (_asd_decode or tree_decode._tree_decode) on a prepared
   request: each model's params are checked to be its own (another model's fail here, naming
-  the first array), the stream is reset and its callback's exception re-raised."""
+  the first array), the stream and stop strings are reset and their callbacks' exceptions
+  re-raised."""
   request_checks.check_param_shapes("target_params", target_params, target.param_shapes,
                                     target.name)
   request_checks.check_param_shapes("drafter_params", drafter_params, drafter.param_shapes,
                                     drafter.name)
   start_stream(stream)
+  start_stop(stop)
   result = loop(target, target_params, drafter, drafter_params, *req.arrays, rule=req.rule,
                 sampling=sampling.filters(), normalize_q=normalize_q,
                 max_new_tokens=req.max_new_tokens, capacity=req.capacity, eos_ids=req.eos_ids,
-                stream=stream)
-  return finish_stream(stream, result)
+                stream=stream, stop=stop)
+  return finish_stop(stop, finish_stream(stream, result))
 
 
 @dataclasses.dataclass(frozen=True)

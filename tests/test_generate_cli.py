@@ -45,6 +45,7 @@ from tests.test_bench_cli import tiny_target  # noqa: F401  (module fixture)
     (["--prompt", "hi", "--batch-size", "4"], "--batch-size sets the rows decoded together"),
     (["--prompt", "hi", "--draft", "ngram", "--rule", "asd", "--asd-preset", "fast"],
      "unknown ASD preset 'fast'; choose one of paper, exploratory, strict"),
+    (["--prompt", "hi", "--stop", "x", "--stop", ""], "--stop '' would end every answer"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
   with pytest.raises(SystemExit) as e:
@@ -251,3 +252,38 @@ def test_a_prompt_too_long_in_a_file_is_named_before_any_batch(tiny_target, tmp_
   assert captured.out == ""  # nothing decoded, nothing half-printed
   assert "prompt(s) on line(s) 2 (up to" in captured.err
   assert "exceed the context window (2048 positions)" in captured.err
+
+
+def test_stop_strings_end_answers_alone_and_batched(tiny_target, tmp_path, capsys):  # noqa: F811
+  """An answer ends with the token that completes a --stop text and shows the text before it;
+  batched rows stop on their own; the stream prints exactly the answer."""
+  import json
+  lines = ["write a python function", "the list of numbers", "return the list"]
+  common = ["--target", str(tiny_target), "--max-new-tokens", "12", "--ignore-eos"]
+
+  def run(*flags):
+    main([*common, *flags])
+    return capsys.readouterr().out
+
+  full = [json.loads(run("--prompt", p, "--json")) for p in lines]
+  assert all(a["finish_reason"] == "length" for a in full)
+  # The word-level tokenizer joins words with spaces: stop at the 4th word of answer 0.
+  words = full[0]["text"].split(" ")
+  stop = " ".join(words[3:5])
+  (tmp_path / "q.txt").write_text("\n".join(lines) + "\n")
+  for draft in ([], ["--draft", "ngram", "--k", "3"]):
+    alone = [json.loads(run("--prompt", p, "--json", "--stop", stop, *draft)) for p in lines]
+    batched = json.loads(run("--prompts-file", str(tmp_path / "q.txt"), "--batch-size", "3",
+                             "--json", "--stop", stop, *draft))["answers"]
+    for i, (a, b, f) in enumerate(zip(alone, batched, full)):
+      assert (a["tokens"], a["text"], a["finish_reason"]) == (
+          b["tokens"], b["text"], b["finish_reason"]), i
+      at = f["text"].find(stop)
+      if at < 0:
+        assert a["tokens"] == f["tokens"] and a["finish_reason"] == "length", i
+        continue
+      assert a["finish_reason"] == "stop" and a["text"] == f["text"][:at], i
+      assert a["tokens"] == f["tokens"][:len(a["tokens"])] and len(a["tokens"]) < 12, i
+    assert alone[0]["finish_reason"] == "stop"
+    streamed = run("--prompt", lines[0], "--stop", stop, "--stream", *draft)
+    assert streamed.split("\n[")[0] == alone[0]["text"] + "\n"

@@ -1,0 +1,167 @@
+"""Stop strings: a row ends once its generated text contains one of them (vLLM's `stop`).
+
+Text exists only on the host (the tokenizer is Python), while the engines run a whole request as
+one `lax.while_loop`. So the check is an ordered host callback at each commit that returns, per
+row, how many generated tokens to keep: all of them, or those up to the token that completes the
+first stop string. A speculative round may commit several tokens past that point; they are
+dropped, and the row ends. The result holds the tokens through the completing one; the text
+before the stop string is `StopStrings.cut(text)` (vLLM leaves the stop string out by default).
+Without StopStrings nothing is traced, so the program without stop strings is unchanged.
+
+Each check decodes only a window of the row: the new tokens plus enough earlier ones to hold a
+stop string that began before them (`StopStrings._window`), so a long answer is not re-decoded
+every round. The callback blocks the loop while it runs.
+
+Shape notation: B rows, W output buffer width.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import io_callback
+
+# Characters decoded before a window's new tokens beyond the longest stop string: a window that
+# starts inside a character (byte-level BPE) or drops a leading space (SentencePiece) alters
+# only its first few characters.
+_BOUNDARY_CHARS = 8
+# How far the window's earlier text may shrink once the new tokens complete a character it
+# ended inside (one U+FFFD per byte of it).
+_SLACK_CHARS = 3
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class StopStrings:
+  """strings: the stop strings; decode(ids) -> the text of generated token ids (as the answer
+  is shown, e.g. tokenizer.decode(ids, skip_special_tokens=True): `from_tokenizer`).
+
+  A static jit argument that hashes by identity, like TokenStream: reuse one StopStrings to
+  reuse the compiled program.
+  """
+
+  strings: tuple[str, ...]
+  decode: Callable[[list[int]], str]
+  # The first exception `decode` raised in the current decode call (re-raised after the loop).
+  _error: list = dataclasses.field(default_factory=list, init=False, repr=False)
+
+  def __post_init__(self):
+    if isinstance(self.strings, str) or not isinstance(self.strings, tuple):
+      raise TypeError(f"strings must be a tuple of str, got {type(self.strings).__name__}")
+    if not self.strings:
+      raise ValueError("no stop strings given; pass stop=None to decode without them")
+    for s in self.strings:
+      if not isinstance(s, str):
+        raise TypeError(f"a stop string must be a str, got {type(s).__name__}")
+      if not s:
+        raise ValueError("an empty stop string would end every answer before its first token")
+    if not callable(self.decode):
+      raise TypeError(f"decode must be callable (ids) -> str, got {type(self.decode).__name__}")
+
+  @classmethod
+  def from_tokenizer(cls, tokenizer, strings) -> StopStrings:
+    """Stop strings matched in the text the tokenizer shows (special tokens skipped)."""
+    return cls(tuple(strings), lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+
+  def find(self, text: str) -> int | None:
+    """Where the earliest stop string starts in `text`, or None."""
+    starts = [i for i in (text.find(s) for s in self.strings) if i >= 0]
+    return min(starts) if starts else None
+
+  def cut(self, text: str) -> str:
+    """`text` before its first stop string (all of it without one)."""
+    at = self.find(text)
+    return text if at is None else text[:at]
+
+  def settled(self, text: str) -> str:
+    """The part of a growing `text` that later tokens cannot cut: the text before a stop string,
+    or else all but a tail that may be the start of one (a stream prints only this)."""
+    at = self.find(text)
+    if at is not None:
+      return text[:at]
+    held = max((k for s in self.strings for k in range(1, len(s))
+                if text.endswith(s[:k])), default=0)
+    return text[:len(text) - held]
+
+  def first_stop(self, tokens: list[int], before: int) -> int | None:
+    """The smallest n in (before, len(tokens)] whose text decode(tokens[:n]) contains a stop
+    string, or None. tokens[:before] were checked already and hold none."""
+    start, old_chars = self._window(tokens, before)
+
+    def completes_one(n: int) -> bool:
+      # Only a stop string reaching into the new text counts; one earlier in the window can
+      # only be an artifact of the window's first characters.
+      text = self.decode(tokens[start:n])
+      return any(text.find(s, max(0, old_chars - len(s) + 1 - _SLACK_CHARS)) >= 0
+                 for s in self.strings)
+
+    # Most commits complete no stop string: one decode of the whole window says so.
+    if not completes_one(len(tokens)):
+      return None
+    return next((n for n in range(before + 1, len(tokens)) if completes_one(n)), len(tokens))
+
+  def _window(self, tokens: list[int], before: int) -> tuple[int, int]:
+    """(start, characters of decode(tokens[start:before])): a window whose text before the new
+    tokens holds the longest stop string but one character, plus a margin for its first
+    characters. Tokens that decode to nothing (skipped specials) or to parts of a character
+    make the tokens needed unknowable in advance, so the window doubles until it is enough."""
+    need = max(map(len, self.strings)) - 1 + _BOUNDARY_CHARS
+    span = need
+    while True:
+      start = max(0, before - span)
+      chars = len(self.decode(tokens[start:before]))
+      if start == 0 or chars >= need:
+        return start, chars
+      span *= 2
+
+  def _keep(self, tokens_BxW, before_B, after_B) -> tuple[np.ndarray, np.ndarray]:
+    """Host side: (tokens each row keeps, whether a stop string ended the row)."""
+    keep_B = np.asarray(after_B).astype(np.int32)
+    stopped_B = np.zeros(keep_B.shape, np.bool_)
+    if self._error:
+      return keep_B, stopped_B
+    tokens_BxW, before_B = np.asarray(tokens_BxW), np.asarray(before_B)
+    try:
+      for row in np.flatnonzero(keep_B > before_B):
+        n = self.first_stop(tokens_BxW[row, :keep_B[row]].tolist(), int(before_B[row]))
+        if n is not None:
+          keep_B[row], stopped_B[row] = n, True
+    except Exception as e:  # noqa: BLE001 - re-raised by finish_stop, unchanged
+      self._error.append(e)
+    return keep_B, stopped_B
+
+
+def start_stop(stop: StopStrings | None) -> None:
+  """At the Python boundary of a decode call: checks the argument and clears a previous call's
+  error (as token_stream.start_stream)."""
+  if stop is None:
+    return
+  if not isinstance(stop, StopStrings):
+    raise TypeError(f"stop must be a StopStrings, got {type(stop).__name__}")
+  stop._error.clear()
+
+
+def finish_stop(stop: StopStrings | None, result):
+  """Returns `result`; with stop strings, first waits for the loop and raises the first
+  exception their `decode` raised during it (the loop ran on without the check)."""
+  if stop is not None:
+    jax.block_until_ready(result)
+    if stop._error:
+      raise stop._error[0]
+  return result
+
+
+def keep_until_stop(stop: StopStrings | None, tokens_BxW: jax.Array, before_B: jax.Array,
+                    after_B: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Inside a jitted loop, after rows committed tokens [before_B, after_B) into tokens_BxW:
+  (kept_B, stopped_B): the generated count each row keeps and whether a stop string ended it.
+  None: (after_B, all False), with nothing traced."""
+  if stop is None:
+    return after_B, jnp.zeros(after_B.shape, bool)
+  shape_B = after_B.shape
+  return io_callback(stop._keep, (jax.ShapeDtypeStruct(shape_B, jnp.int32),
+                                  jax.ShapeDtypeStruct(shape_B, jnp.bool_)),
+                     tokens_BxW, before_B, after_B, ordered=True)
