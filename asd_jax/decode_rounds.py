@@ -19,8 +19,9 @@ import jax.numpy as jnp
 from asd_jax.decode_stats import DecodeStats
 from asd_jax.sampling import select_token
 from asd_jax.sampling_keys import split_keys
-from asd_jax.stop_strings import StopStrings, keep_until_stop
-from asd_jax.token_stream import TokenStream, emit
+from asd_jax.host_calls import NO_HOST_CALL, HostCall
+from asd_jax.stop_strings import keep_until_stop
+from asd_jax.token_stream import emit
 
 
 @flax.struct.dataclass
@@ -51,8 +52,7 @@ class RoundState:
 
 
 def commit_round(state: RoundState, draft_BxK, verdict, max_new_B, eos_ids,
-                 stream: TokenStream | None = None,
-                 stop: StopStrings | None = None) -> RoundState:
+                 host: HostCall = NO_HOST_CALL) -> RoundState:
   """Appends x_{<a} + next_token to each active row; EOS, max_new_B and stop strings
   truncate."""
   b, k = draft_BxK.shape
@@ -79,7 +79,7 @@ def commit_round(state: RoundState, draft_BxK, verdict, max_new_B, eos_ids,
   tokens_BxW = state.tokens_BxW.at[rows_Bx1, cols_BxK1].set(block_BxK1, mode="drop")
   # A stop string completed inside the block drops the tokens after it; they stay in the buffer
   # past num_generated_B, where `finish` masks them.
-  num_generated_B, stopped_B = keep_until_stop(stop, tokens_BxW, state.num_generated_B,
+  num_generated_B, stopped_B = keep_until_stop(host, tokens_BxW, state.num_generated_B,
                                                state.num_generated_B + count_B)
   count_B = num_generated_B - state.num_generated_B
   history_pos_BxK1 = jnp.where(in_block_BxK1 & active_B[:, None],
@@ -110,7 +110,7 @@ def commit_round(state: RoundState, draft_BxK, verdict, max_new_B, eos_ids,
   nonfinite_B = state.nonfinite_B | (live_B & verdict.nonfinite)
   done_B = (state.done_B | nonfinite_B | (active_B & hit_B) | stopped_B
             | (num_generated_B >= max_new_B))
-  emit(stream, tokens_BxW, state.num_generated_B, num_generated_B)
+  emit(host, tokens_BxW, state.num_generated_B, num_generated_B)
   return state.replace(tokens_BxW=tokens_BxW, num_generated_B=num_generated_B,
                        committed_B=committed_B, recent_Bx2=recent_Bx2, done_B=done_B,
                        nonfinite_B=nonfinite_B, stats=stats, history_BxS=history_BxS)
@@ -118,7 +118,7 @@ def commit_round(state: RoundState, draft_BxK, verdict, max_new_B, eos_ids,
 
 def initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampling, eos_ids, *,
                   max_new_tokens, depth, target_cache, drafter_state, history_width,
-                  stream: TokenStream | None = None, stop: StopStrings | None = None):
+                  host: HostCall = NO_HOST_CALL):
   """Loop state after prefill: the first token (from the prefill logits) is committed."""
   b = prompt_BxT.shape[0]
   rng, sub = split_keys(rng, 2)
@@ -129,9 +129,9 @@ def initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampl
   emit_B = first_ok_B & (max_new_B > 0)
   tokens_BxW = jnp.full((b, width), -1, jnp.int32).at[:, 0].set(jnp.where(emit_B, first_B, -1))
   num_generated_B = emit_B.astype(jnp.int32)
-  _, stopped_B = keep_until_stop(stop, tokens_BxW, jnp.zeros_like(num_generated_B),
+  _, stopped_B = keep_until_stop(host, tokens_BxW, jnp.zeros_like(num_generated_B),
                                  num_generated_B)
-  emit(stream, tokens_BxW, jnp.zeros_like(num_generated_B), num_generated_B)
+  emit(host, tokens_BxW, jnp.zeros_like(num_generated_B), num_generated_B)
   first_eos_B = jnp.isin(first_B, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else False
   history_BxS = jnp.zeros((b, history_width), jnp.int32)
   if history_width:

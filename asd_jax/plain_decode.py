@@ -19,6 +19,7 @@ from asd_jax.lm_api import LanguageModelFns, check_logits
 from asd_jax.sampling import SamplingConfig, select_token
 from asd_jax.spec_sampling import Filters
 from asd_jax.sampling_keys import row_keys, split_keys
+from asd_jax.host_calls import HostCall, host_calls
 from asd_jax.stop_strings import StopStrings, finish_stop, keep_until_stop, start_stop
 from asd_jax.token_stream import TokenStream, emit, finish_stream, start_stream
 
@@ -61,7 +62,7 @@ class _LoopState:
 
 
 def _emit(state: _LoopState, logits_BxV, rng, max_new_B, eos_ids, sampling,
-          stream: TokenStream | None, stop: StopStrings | None) -> _LoopState:
+          host: HostCall) -> _LoopState:
   finite_B = jnp.isfinite(logits_BxV).all(axis=-1)
   token_B = select_token(logits_BxV, rng, sampling)
   write_B = ~state.done_B & finite_B
@@ -69,24 +70,22 @@ def _emit(state: _LoopState, logits_BxV, rng, max_new_B, eos_ids, sampling,
   col_B = jnp.where(write_B, state.num_generated_B, state.tokens_BxN.shape[1])  # OOB = dropped
   tokens_BxN = state.tokens_BxN.at[rows, col_B].set(token_B, mode="drop")
   num_generated_B = state.num_generated_B + write_B.astype(jnp.int32)
-  _, stopped_B = keep_until_stop(stop, tokens_BxN, state.num_generated_B, num_generated_B)
+  _, stopped_B = keep_until_stop(host, tokens_BxN, state.num_generated_B, num_generated_B)
   is_eos_B = jnp.isin(token_B, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else False
   nonfinite_B = state.nonfinite_B | (~state.done_B & ~finite_B)
   done_B = (state.done_B | nonfinite_B | (write_B & is_eos_B) | stopped_B
             | (num_generated_B >= max_new_B))
-  emit(stream, tokens_BxN, state.num_generated_B, num_generated_B)
+  emit(host, tokens_BxN, state.num_generated_B, num_generated_B)
   return state.replace(tokens_BxN=tokens_BxN, num_generated_B=num_generated_B, done_B=done_B,
                        nonfinite_B=nonfinite_B,
                        forwards_B=state.forwards_B + (~state.done_B).astype(jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnames=("fns", "max_new_tokens", "capacity", "eos_ids",
-                                             "stream", "stop"),
+@functools.partial(jax.jit, static_argnames=("fns", "max_new_tokens", "capacity", "eos_ids"),
                    compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
 def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_B, rng, *,
                   max_new_tokens: int, capacity: int, eos_ids: tuple[int, ...],
-                  sampling: Filters, stream: TokenStream | None,
-                  stop: StopStrings | None) -> DecodeResult:
+                  sampling: Filters, host: HostCall) -> DecodeResult:
   b = prompt_BxT.shape[0]
   cache = fns.init_cache(b, capacity)
   logits_BxV, _, cache = fns.prefill(params, prompt_BxT, lengths_B, cache)
@@ -100,7 +99,7 @@ def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_
       nonfinite_B=jnp.zeros((b,), bool),
       forwards_B=jnp.zeros((b,), jnp.int32),
       cache=cache, rng=rng)
-  state = _emit(state, logits_BxV, sub, max_new_B, eos_ids, sampling, stream, stop)
+  state = _emit(state, logits_BxV, sub, max_new_B, eos_ids, sampling, host)
 
   def cond(s: _LoopState):
     return (s.step < max_new_tokens - 1) & ~jnp.all(s.done_B)
@@ -115,7 +114,7 @@ def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_
     check_logits(fns, logits_Bx1xV, (b, 1, fns.vocab_size), "forward")
     rng, sub = split_keys(s.rng, 2)
     s = s.replace(step=s.step + 1, cache=cache, rng=rng)
-    return _emit(s, logits_Bx1xV[:, 0], sub, max_new_B, eos_ids, sampling, stream, stop)
+    return _emit(s, logits_Bx1xV[:, 0], sub, max_new_B, eos_ids, sampling, host)
 
   state = jax.lax.while_loop(cond, body, state)
   return DecodeResult(tokens_BxN=state.tokens_BxN, num_generated_B=state.num_generated_B,
@@ -154,8 +153,9 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
   request_checks.check_param_shapes("params", params, fns.param_shapes, fns.name)
   start_stream(stream)
   start_stop(stop)
-  result = _plain_decode(fns, params, jnp.asarray(prompt), jnp.asarray(lengths),
-                         jnp.asarray(max_new_B), row_keys(seed, prompt.shape[0]),
-                         max_new_tokens=max_new_tokens, capacity=capacity, eos_ids=eos_ids,
-                         sampling=sampling.filters(), stream=stream, stop=stop)
-  return finish_stop(stop, finish_stream(stream, result))
+  with host_calls(stream=stream, stop=stop) as host:
+    result = _plain_decode(fns, params, jnp.asarray(prompt), jnp.asarray(lengths),
+                           jnp.asarray(max_new_B), row_keys(seed, prompt.shape[0]),
+                           max_new_tokens=max_new_tokens, capacity=capacity, eos_ids=eos_ids,
+                           sampling=sampling.filters(), host=host)
+    return finish_stop(stop, finish_stream(stream, result))

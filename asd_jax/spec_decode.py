@@ -33,6 +33,7 @@ from asd_jax.plain_decode import DECODE_LOOP_COMPILER_OPTIONS
 from asd_jax.sampling import SamplingConfig, select_token
 from asd_jax.sampling_keys import row_keys, split_keys
 from asd_jax.spec_sampling import Filters, chain_sample_core, sample_without_draft
+from asd_jax.host_calls import HostCall, host_calls
 from asd_jax.stop_strings import StopStrings, finish_stop, start_stop
 from asd_jax.token_stream import TokenStream, finish_stream, start_stream
 from asd_jax.verify_output import VerifyOutput
@@ -68,13 +69,12 @@ def _verify(rule, draft_BxK, draft_logits, target_logits_BxK1xV, spent_B, asd_sc
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "target", "drafter", "rule", "normalize_q", "max_new_tokens", "capacity", "eos_ids",
-    "stream", "stop"), compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
+    "target", "drafter", "rule", "normalize_q", "max_new_tokens", "capacity", "eos_ids"),
+    compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
 def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, drafter_params,
                 prompt_BxT, lengths_B, max_new_B, asd_scalars, rng, *, rule: str,
                 sampling: Filters, normalize_q: bool, max_new_tokens: int, capacity: int,
-                eos_ids: tuple[int, ...], stream: TokenStream | None,
-                stop: StopStrings | None) -> SpecDecodeResult:
+                eos_ids: tuple[int, ...], host: HostCall) -> SpecDecodeResult:
   b = prompt_BxT.shape[0]
   k = drafter.num_draft
   target_cache = target.init_cache(b, capacity)
@@ -85,7 +85,7 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
   state = initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampling,
                         eos_ids, max_new_tokens=max_new_tokens, depth=k,
                         target_cache=target_cache, drafter_state=drafter_state,
-                        history_width=0, stream=stream, stop=stop)
+                        history_width=0, host=host)
 
   def cond(s: RoundState):
     # Every active row commits >= 1 token per round, so max_new_tokens rounds always suffice.
@@ -151,7 +151,7 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
                                              k_verify, own_B)
     s = s.replace(round=s.round + 1, target_cache=target_cache, drafter_state=drafter_state,
                   rng=rng)
-    return commit_round(s, draft_BxK, verdict, max_new_B, eos_ids, stream, stop)
+    return commit_round(s, draft_BxK, verdict, max_new_B, eos_ids, host)
 
   state = jax.lax.while_loop(cond, body, state)
   return finish(state, max_new_tokens)
@@ -222,11 +222,12 @@ def run_loop(loop, target: LanguageModelFns, target_params, drafter, drafter_par
                                     drafter.name)
   start_stream(stream)
   start_stop(stop)
-  result = loop(target, target_params, drafter, drafter_params, *req.arrays, rule=req.rule,
-                sampling=sampling.filters(), normalize_q=normalize_q,
-                max_new_tokens=req.max_new_tokens, capacity=req.capacity, eos_ids=req.eos_ids,
-                stream=stream, stop=stop)
-  return finish_stop(stop, finish_stream(stream, result))
+  with host_calls(stream=stream, stop=stop) as host:
+    result = loop(target, target_params, drafter, drafter_params, *req.arrays, rule=req.rule,
+                  sampling=sampling.filters(), normalize_q=normalize_q,
+                  max_new_tokens=req.max_new_tokens, capacity=req.capacity,
+                  eos_ids=req.eos_ids, host=host)
+    return finish_stop(stop, finish_stream(stream, result))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,9 @@ row, how many generated tokens to keep: all of them, or those up to the token th
 first stop string. A speculative round may commit several tokens past that point; they are
 dropped, and the row ends. The result holds the tokens through the completing one; the text
 before the stop string is `StopStrings.cut(text)` (vLLM leaves the stop string out by default).
-Without StopStrings nothing is traced, so the program without stop strings is unchanged.
+Without StopStrings nothing is traced, so the program without stop strings is unchanged. The
+callback finds the call's StopStrings by the call's id (asd_jax/host_calls.py), so other stop
+strings per request do not compile the loop again.
 
 Each check decodes only a window of the row: the new tokens plus enough earlier ones to hold a
 stop string that began before them (`StopStrings._window`), so a long answer is not re-decoded
@@ -25,6 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
+from asd_jax.host_calls import HostCall, host_object
+
 # Characters decoded before a window's new tokens beyond the longest stop string: a window that
 # starts inside a character (byte-level BPE) or drops a leading space (SentencePiece) alters
 # only its first few characters.
@@ -39,8 +43,8 @@ class StopStrings:
   """strings: the stop strings; decode(ids) -> the text of generated token ids (as the answer
   is shown, e.g. tokenizer.decode(ids, skip_special_tokens=True): `from_tokenizer`).
 
-  A static jit argument that hashes by identity, like TokenStream: reuse one StopStrings to
-  reuse the compiled program.
+  Any StopStrings runs the same compiled program. One StopStrings may serve many decode calls,
+  one at a time (it holds the running call's error).
   """
 
   strings: tuple[str, ...]
@@ -154,14 +158,18 @@ def finish_stop(stop: StopStrings | None, result):
   return result
 
 
-def keep_until_stop(stop: StopStrings | None, tokens_BxW: jax.Array, before_B: jax.Array,
+def keep_until_stop(host: HostCall, tokens_BxW: jax.Array, before_B: jax.Array,
                     after_B: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Inside a jitted loop, after rows committed tokens [before_B, after_B) into tokens_BxW:
   (kept_B, stopped_B): the generated count each row keeps and whether a stop string ended it.
-  None: (after_B, all False), with nothing traced."""
-  if stop is None:
+  Without stop strings: (after_B, all False), with nothing traced."""
+  if not host.stop:
     return after_B, jnp.zeros(after_B.shape, bool)
   shape_B = after_B.shape
-  return io_callback(stop._keep, (jax.ShapeDtypeStruct(shape_B, jnp.int32),
-                                  jax.ShapeDtypeStruct(shape_B, jnp.bool_)),
-                     tokens_BxW, before_B, after_B, ordered=True)
+  return io_callback(_keep, (jax.ShapeDtypeStruct(shape_B, jnp.int32),
+                             jax.ShapeDtypeStruct(shape_B, jnp.bool_)),
+                     host.call_id, tokens_BxW, before_B, after_B, ordered=True)
+
+
+def _keep(call_id, tokens_BxW, before_B, after_B) -> tuple[np.ndarray, np.ndarray]:
+  return host_object(call_id, "stop")._keep(tokens_BxW, before_B, after_B)

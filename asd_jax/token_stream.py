@@ -3,8 +3,9 @@
 The engines run a whole request as one `lax.while_loop`, so streaming is an ordered host
 callback at each commit (prefill's first token, then every step or round) carrying the output
 buffer and each row's generated count before and after. Without a stream nothing is traced,
-so the non-streaming program is unchanged. The callback blocks the loop while it runs: keep
-`on_tokens` cheap (print, queue.put).
+so the non-streaming program is unchanged. The callback finds the call's TokenStream by the
+call's id (asd_jax/host_calls.py), so a new TokenStream does not compile the loop again. The
+callback blocks the loop while it runs: keep `on_tokens` cheap (print, queue.put).
 
 An exception raised by `on_tokens` cannot cross the compiled loop (XLA would turn it into an
 INTERNAL runtime error): the stream keeps the first one, calls `on_tokens` no more for that
@@ -21,14 +22,16 @@ from typing import Callable
 import jax
 import numpy as np
 
+from asd_jax.host_calls import HostCall, host_object
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class TokenStream:
   """on_tokens(row, tokens): called on the host, in order, with the tokens `row` just
   committed (a list of ints; EOS included when hit, exactly the tokens the result holds).
 
-  A static jit argument that hashes by identity: reuse one TokenStream to reuse the compiled
-  program (a new one compiles again).
+  Any TokenStream runs the same compiled program. One TokenStream may serve many decode calls,
+  one at a time (it holds the running call's error).
   """
 
   on_tokens: Callable[[int, list[int]], None]
@@ -54,8 +57,8 @@ class TokenStream:
 
 
 def start_stream(stream: TokenStream | None) -> None:
-  """At the Python boundary of a decode call: checks the argument (a list or a function would
-  otherwise fail as an unhashable static argument) and clears a previous call's error."""
+  """At the Python boundary of a decode call: checks the argument (anything else would fail
+  inside the running loop) and clears a previous call's error."""
   if stream is None:
     return
   if not isinstance(stream, TokenStream):
@@ -73,10 +76,14 @@ def finish_stream(stream: TokenStream | None, result):
   return result
 
 
-def emit(stream: TokenStream | None, tokens_BxW: jax.Array, before_B: jax.Array,
+def emit(host: HostCall, tokens_BxW: jax.Array, before_B: jax.Array,
          after_B: jax.Array) -> None:
-  """Inside a jitted loop: sends rows' tokens [before_B, after_B) to `stream` (None: no-op;
-  the engine checked it with start_stream at the call's boundary)."""
-  if stream is None:
+  """Inside a jitted loop: sends rows' tokens [before_B, after_B) to the call's stream (none
+  traced without one; the engine checked it with start_stream at the call's boundary)."""
+  if not host.stream:
     return
-  jax.debug.callback(stream._deliver, tokens_BxW, before_B, after_B, ordered=True)
+  jax.debug.callback(_deliver, host.call_id, tokens_BxW, before_B, after_B, ordered=True)
+
+
+def _deliver(call_id, tokens_BxW, before_B, after_B) -> None:
+  host_object(call_id, "stream")._deliver(tokens_BxW, before_B, after_B)

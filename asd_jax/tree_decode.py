@@ -28,6 +28,7 @@ from asd_jax.sampling import SamplingConfig
 from asd_jax.sampling_keys import split_keys
 from asd_jax.spec_decode import prepare_request, run_loop
 from asd_jax.spec_sampling import Filters, tree_sample_core
+from asd_jax.host_calls import HostCall
 from asd_jax.stop_strings import StopStrings
 from asd_jax.token_stream import TokenStream
 from asd_jax.tree_verify import tree_asd_verify_traced, tree_greedy_verify, tree_paths
@@ -79,13 +80,12 @@ def _verify_tree(rule, tokens, parents, draft_logits, target_logits, spent_B, as
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "target", "drafter", "rule", "normalize_q", "max_new_tokens", "capacity", "eos_ids",
-    "stream", "stop"), compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
+    "target", "drafter", "rule", "normalize_q", "max_new_tokens", "capacity", "eos_ids"),
+    compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
 def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, drafter_params,
                  prompt_BxT, lengths_B, max_new_B, asd_scalars, rng, *, rule: str,
                  sampling: Filters, normalize_q: bool, max_new_tokens: int, capacity: int,
-                 eos_ids: tuple[int, ...], stream: TokenStream | None,
-                 stop: StopStrings | None) -> SpecDecodeResult:
+                 eos_ids: tuple[int, ...], host: HostCall) -> SpecDecodeResult:
   b = prompt_BxT.shape[0]
   # A path of N nodes is at most N deep (the verifiers refuse a larger max_depth): a greedy tree
   # keeps num_nodes, which --tree 4,4,2 makes fewer than its depth; a sampled one keeps the
@@ -108,7 +108,7 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
   state = initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampling,
                         eos_ids, max_new_tokens=max_new_tokens, depth=depth,
                         target_cache=target_cache, drafter_state=drafter_state,
-                        history_width=capacity, stream=stream, stop=stop)
+                        history_width=capacity, host=host)
 
   def cond(s: RoundState):
     return ~jnp.all(s.done_B) & (s.round < max_new_tokens)
@@ -157,7 +157,7 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
           jnp.take_along_axis(new_BxTxF, rows_BxD1[:, :, None], axis=1), mode="drop")
     s = s.replace(round=s.round + 1, target_cache=target_cache,
                   drafter_state=(drafter_state, features_BxSxF), rng=rng)
-    return commit_round(s, path_tokens_BxD, verdict, max_new_B, eos_ids, stream, stop)
+    return commit_round(s, path_tokens_BxD, verdict, max_new_B, eos_ids, host)
 
   state = jax.lax.while_loop(cond, body, state)
   return finish(state, max_new_tokens)

@@ -5,6 +5,7 @@ of its condition, so the engines keep one loop, the rounds'."""
 import numpy as np
 
 from asd_jax.asd_config import PAPER
+from asd_jax.host_calls import NO_HOST_CALL
 from asd_jax.sampling import SamplingConfig
 from asd_jax.spec_decode import _asd_decode, prepare_request
 from asd_jax.tree_decode import _tree_decode
@@ -31,6 +32,6 @@ def _engine_loops(loop, fns, params, drafter, draft_params, platform, *, lookahe
   lowered = loop.trace(
       fns, params, drafter, draft_params, *req.arrays, rule=req.rule,
       sampling=sampling.filters(), normalize_q=False, max_new_tokens=req.max_new_tokens,
-      capacity=req.capacity, eos_ids=req.eos_ids, stream=None, stop=None).lower(
+      capacity=req.capacity, eos_ids=req.eos_ids, host=NO_HOST_CALL).lower(
           lowering_platforms=(platform,))
   return lowered.as_text().count("stablehlo.while")

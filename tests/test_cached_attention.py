@@ -2,19 +2,17 @@
 
 import re
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from asd_jax.asd_config import ASDConfig
 from asd_jax.drafter_api import lm_chain_drafter
+from asd_jax.host_calls import NO_HOST_CALL, HostCall
 from asd_jax.plain_decode import _plain_decode
 from asd_jax.sampling import SamplingConfig
 from asd_jax.sampling_keys import row_keys
 from asd_jax.spec_decode import _asd_decode, prepare_request
-from asd_jax.stop_strings import StopStrings
-from asd_jax.token_stream import TokenStream
 from models.cached_attention import attend_then_write, block_mask, write_then_attend
 from models.lm_fns import decoder_fns
 from tests.tiny_models import perturbed_copy, random_decoder
@@ -85,12 +83,12 @@ _SHAPES = ["1,2,16,64", "1,2,64,16"]  # keys [B, K, H, S], values [B, K, S, H]
 @pytest.mark.parametrize("host_hook", [None, "stream", "stop"])
 def test_plain_decoding_updates_the_cache_in_place(host_hook):
   # A host callback in the loop (streaming, stop strings) must not cost a cache copy either.
-  stream = TokenStream(lambda row, tokens: None) if host_hook == "stream" else None
-  stop = StopStrings(("x",), lambda ids: "") if host_hook == "stop" else None
+  # Lowering only: the call id is never looked up.
+  host = HostCall(np.int32(1), stream=host_hook == "stream", stop=host_hook == "stop")
   text = _plain_decode.lower(
       _FNS, _PARAMS, jnp.ones((1, 8), jnp.int32), jnp.array([8]), jnp.array([32]), row_keys(0, 1),
       max_new_tokens=32, capacity=_CAPACITY, eos_ids=(), sampling=SamplingConfig().filters(),
-      stream=stream, stop=stop).compile().as_text()
+      host=host).compile().as_text()
   assert _cache_copies_outside_entry(text, _SHAPES) == 0
 
 
@@ -104,6 +102,6 @@ def test_chain_speculative_decoding_updates_the_target_cache_in_place():
   text = _asd_decode.lower(_FNS, _PARAMS, drafter, drafter_params, *req.arrays, rule="strict",
                            sampling=SamplingConfig().filters(), normalize_q=False,
                            max_new_tokens=32, capacity=_CAPACITY, eos_ids=(),
-                           stream=None, stop=None).compile().as_text()
+                           host=NO_HOST_CALL).compile().as_text()
   # Target and drafter share the tiny model's shapes, so this covers both caches.
   assert _cache_copies_outside_entry(text, _SHAPES) == 0
