@@ -8,6 +8,11 @@ of the pytree structure) and a call id (a traced int32). `host_calls` registers 
 objects under a fresh id for as long as the call runs, and the callbacks look them up with
 `host_object`. So one compiled program serves every stream and every stop string set, and calls
 from several threads each find their own objects.
+
+A Python exception cannot cross the compiled loop (XLA turns it into an INTERNAL runtime
+error). So each object keeps the first exception its callback raised in its `_error` list and
+skips its work for the rest of the call; `host_calls` clears those lists when a call starts and
+`finish_host_calls` raises the first kept exception, unchanged, once the loop has finished.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import threading
 from typing import Any, Iterator
 
 import flax.struct
+import jax
 import numpy as np
 
 
@@ -40,11 +46,14 @@ _LOCK = threading.Lock()
 def host_calls(*, stream=None, stop=None) -> Iterator[HostCall]:
   """Registers this call's stream and stop strings (either may be None) while the block runs.
 
-  The block must wait for the loop to finish before it ends (finish_stream and finish_stop
-  do): a callback of a loop still running after the block would find nothing."""
+  The block must end with finish_host_calls: a callback of a loop still running after the block
+  would find nothing."""
   if stream is None and stop is None:
     yield NO_HOST_CALL
     return
+  for obj in (stream, stop):
+    if obj is not None:
+      obj._error.clear()  # a previous call's exception
   with _LOCK:
     call_id = 1 + next(_IDS) % (2**31 - 1)  # a positive int32 (calls 2**31 apart never overlap)
     _ACTIVE[call_id] = {"stream": stream, "stop": stop}
@@ -53,6 +62,18 @@ def host_calls(*, stream=None, stop=None) -> Iterator[HostCall]:
   finally:
     with _LOCK:
       del _ACTIVE[call_id]
+
+
+def finish_host_calls(host: HostCall, result):
+  """Returns `result`; with host callbacks, first waits for the loop to finish and raises the
+  first exception a callback kept (the stream's before the stop strings')."""
+  if not (host.stream or host.stop):
+    return result
+  jax.block_until_ready(result)
+  for obj in _ACTIVE[int(host.call_id)].values():
+    if obj is not None and obj._error:
+      raise obj._error[0]
+  return result
 
 
 def host_object(call_id, name: str):

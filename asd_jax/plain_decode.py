@@ -19,9 +19,9 @@ from asd_jax.lm_api import LanguageModelFns, check_logits
 from asd_jax.sampling import SamplingConfig, select_token
 from asd_jax.spec_sampling import Filters
 from asd_jax.sampling_keys import row_keys, split_keys
-from asd_jax.host_calls import HostCall, host_calls
-from asd_jax.stop_strings import StopStrings, finish_stop, keep_until_stop, start_stop
-from asd_jax.token_stream import TokenStream, emit, finish_stream, start_stream
+from asd_jax.host_calls import HostCall, finish_host_calls, host_calls
+from asd_jax.stop_strings import StopStrings, check_stop, keep_until_stop
+from asd_jax.token_stream import TokenStream, check_stream, emit
 
 # XLA's copy insertion with region analysis sees that a decode loop reads each KV-cache buffer
 # before it writes it (models/cached_attention.py), so it updates the buffer in place instead of
@@ -151,11 +151,11 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
       capacity, prompt.shape[1] + max_new_tokens, "prompt + max_new_tokens",
       window_needs=fns.max_positions, model=fns.name)
   request_checks.check_param_shapes("params", params, fns.param_shapes, fns.name)
-  start_stream(stream)
-  start_stop(stop)
+  check_stream(stream)
+  check_stop(stop)
   with host_calls(stream=stream, stop=stop) as host:
     result = _plain_decode(fns, params, jnp.asarray(prompt), jnp.asarray(lengths),
                            jnp.asarray(max_new_B), row_keys(seed, prompt.shape[0]),
                            max_new_tokens=max_new_tokens, capacity=capacity, eos_ids=eos_ids,
                            sampling=sampling.filters(), host=host)
-    return finish_stop(stop, finish_stream(stream, result))
+    return finish_host_calls(host, result)

@@ -33,9 +33,9 @@ from asd_jax.plain_decode import DECODE_LOOP_COMPILER_OPTIONS
 from asd_jax.sampling import SamplingConfig, select_token
 from asd_jax.sampling_keys import row_keys, split_keys
 from asd_jax.spec_sampling import Filters, chain_sample_core, sample_without_draft
-from asd_jax.host_calls import HostCall, host_calls
-from asd_jax.stop_strings import StopStrings, finish_stop, start_stop
-from asd_jax.token_stream import TokenStream, finish_stream, start_stream
+from asd_jax.host_calls import HostCall, finish_host_calls, host_calls
+from asd_jax.stop_strings import StopStrings, check_stop
+from asd_jax.token_stream import TokenStream, check_stream
 from asd_jax.verify_output import VerifyOutput
 
 RULES = ("strict", "asd", "sample")
@@ -220,14 +220,14 @@ def run_loop(loop, target: LanguageModelFns, target_params, drafter, drafter_par
                                     target.name)
   request_checks.check_param_shapes("drafter_params", drafter_params, drafter.param_shapes,
                                     drafter.name)
-  start_stream(stream)
-  start_stop(stop)
+  check_stream(stream)
+  check_stop(stop)
   with host_calls(stream=stream, stop=stop) as host:
     result = loop(target, target_params, drafter, drafter_params, *req.arrays, rule=req.rule,
                   sampling=sampling.filters(), normalize_q=normalize_q,
                   max_new_tokens=req.max_new_tokens, capacity=req.capacity,
                   eos_ids=req.eos_ids, host=host)
-    return finish_stop(stop, finish_stream(stream, result))
+    return finish_host_calls(host, result)
 
 
 @dataclasses.dataclass(frozen=True)

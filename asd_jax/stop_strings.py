@@ -133,29 +133,16 @@ class StopStrings:
         n = self.first_stop(tokens_BxW[row, :keep_B[row]].tolist(), int(before_B[row]))
         if n is not None:
           keep_B[row], stopped_B[row] = n, True
-    except Exception as e:  # noqa: BLE001 - re-raised by finish_stop, unchanged
+    except Exception as e:  # noqa: BLE001 - re-raised by finish_host_calls, unchanged
       self._error.append(e)
     return keep_B, stopped_B
 
 
-def start_stop(stop: StopStrings | None) -> None:
-  """At the Python boundary of a decode call: checks the argument and clears a previous call's
-  error (as token_stream.start_stream)."""
-  if stop is None:
-    return
-  if not isinstance(stop, StopStrings):
+def check_stop(stop: StopStrings | None) -> None:
+  """At the Python boundary of a decode call: anything else would fail inside the running
+  loop."""
+  if stop is not None and not isinstance(stop, StopStrings):
     raise TypeError(f"stop must be a StopStrings, got {type(stop).__name__}")
-  stop._error.clear()
-
-
-def finish_stop(stop: StopStrings | None, result):
-  """Returns `result`; with stop strings, first waits for the loop and raises the first
-  exception their `decode` raised during it (the loop ran on without the check)."""
-  if stop is not None:
-    jax.block_until_ready(result)
-    if stop._error:
-      raise stop._error[0]
-  return result
 
 
 def keep_until_stop(host: HostCall, tokens_BxW: jax.Array, before_B: jax.Array,

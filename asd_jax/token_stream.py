@@ -9,7 +9,8 @@ callback blocks the loop while it runs: keep `on_tokens` cheap (print, queue.put
 
 An exception raised by `on_tokens` cannot cross the compiled loop (XLA would turn it into an
 INTERNAL runtime error): the stream keeps the first one, calls `on_tokens` no more for that
-decode call, and the engine raises it, the caller's own exception, once the loop has finished.
+decode call, and the engine raises it, the caller's own exception, once the loop has finished
+(asd_jax/host_calls.py).
 
 Shape notation: B rows, W output buffer width.
 """
@@ -52,34 +53,21 @@ class TokenStream:
     try:
       for row in np.flatnonzero(after_B > before_B):
         self.on_tokens(int(row), tokens_BxW[row, before_B[row]:after_B[row]].tolist())
-    except Exception as e:  # noqa: BLE001 - re-raised by finish_stream, unchanged
+    except Exception as e:  # noqa: BLE001 - re-raised by finish_host_calls, unchanged
       self._error.append(e)
 
 
-def start_stream(stream: TokenStream | None) -> None:
-  """At the Python boundary of a decode call: checks the argument (anything else would fail
-  inside the running loop) and clears a previous call's error."""
-  if stream is None:
-    return
-  if not isinstance(stream, TokenStream):
+def check_stream(stream: TokenStream | None) -> None:
+  """At the Python boundary of a decode call: anything else would fail inside the running
+  loop."""
+  if stream is not None and not isinstance(stream, TokenStream):
     raise TypeError(f"stream must be a TokenStream, got {type(stream).__name__}")
-  stream._error.clear()
-
-
-def finish_stream(stream: TokenStream | None, result):
-  """Returns `result`; with a stream, first waits for the loop to finish and raises the first
-  exception `on_tokens` raised during it."""
-  if stream is not None:
-    jax.block_until_ready(result)
-    if stream._error:
-      raise stream._error[0]
-  return result
 
 
 def emit(host: HostCall, tokens_BxW: jax.Array, before_B: jax.Array,
          after_B: jax.Array) -> None:
   """Inside a jitted loop: sends rows' tokens [before_B, after_B) to the call's stream (none
-  traced without one; the engine checked it with start_stream at the call's boundary)."""
+  traced without one; the engine checked it with check_stream at the call's boundary)."""
   if not host.stream:
     return
   jax.debug.callback(_deliver, host.call_id, tokens_BxW, before_B, after_B, ordered=True)
