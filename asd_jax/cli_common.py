@@ -3,6 +3,7 @@ interleaved timing of warmed-up runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import statistics
@@ -116,11 +117,31 @@ def parse_prompt_ids(text: str) -> list[int]:
   return ids
 
 
-def read_prompts_file(path: str) -> list[str]:
-  """The user messages of a prompts file, in order: one per line, or, for a `.jsonl` file, one
-  JSON object per line with a string "prompt" (a message with newlines in it). Trailing blank
-  lines are dropped; a blank line or message between prompts is refused, as a hole in the file
-  is likelier a mistake than a prompt."""
+@dataclasses.dataclass(frozen=True)
+class PromptLine:
+  """One request of a prompts file: the user message and its own stop strings."""
+  message: str
+  stop: tuple[str, ...] = ()
+
+
+def _line_stop(record: dict, where: str) -> tuple[str, ...]:
+  """A .jsonl line's optional "stop": a string or a list of strings (vLLM's form), none empty."""
+  stop = record.get("stop", [])
+  stop = [stop] if isinstance(stop, str) else stop
+  if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+    raise ValueError(f'{where}: "stop" must be a string or a list of strings')
+  if "" in stop:
+    raise ValueError(f'{where}: an empty "stop" string would end the answer before its first '
+                     "token")
+  return tuple(stop)
+
+
+def read_prompts_file(path: str) -> list[PromptLine]:
+  """The requests of a prompts file, in order: one user message per line, or, for a `.jsonl`
+  file, one JSON object per line with a string "prompt" (a message with newlines in it) and
+  optionally "stop" (a string or a list: that answer's own stop strings). Trailing blank lines
+  are dropped; a blank line or message between prompts is refused, as a hole in the file is
+  likelier a mistake than a prompt."""
   import json
   flag = f"--prompts-file {path}"
   if Path(path).is_dir():
@@ -144,11 +165,13 @@ def read_prompts_file(path: str) -> list[str]:
         raise ValueError(f"{flag}: line {number} is not JSON ({e})") from None
       if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
         raise ValueError(f'{flag}: line {number} must be an object with a string "prompt"')
-      line = record["prompt"]
+      line, stop = record["prompt"], _line_stop(record, f"{flag}: line {number}")
+    else:
+      stop = ()
     if not line.strip():
       raise ValueError(f"empty prompt: {flag}, line {number} is blank; write one prompt per "
                        "line")
-    prompts.append(line)
+    prompts.append(PromptLine(line, stop))
   return prompts
 
 

@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
   src.add_argument("--prompt", help="user message; the chat template is applied")
   src.add_argument("--prompt-ids", help="raw comma-separated token ids, no template")
   src.add_argument("--prompts-file", help="user messages, one per line (or a .jsonl file of "
-                   '{"prompt": ...} objects); the chat template is applied to each')
+                   '{"prompt": ..., "stop": [...]} objects, "stop" optional: that answer\'s '
+                   "stop strings, added to --stop's); the chat template is applied to each")
   p.add_argument("--batch-size", type=int,
                  help=f"rows decoded together with --prompts-file (default "
                  f"{BATCH_SIZE['plain']} for plain decoding, {BATCH_SIZE['speculative']} with a "
@@ -141,7 +142,8 @@ def parse_stop(values: list[str] | None) -> tuple[str, ...]:
 
 
 def finish_reason(tokens: list[int], raw_text: str, eos, stop, nonfinite: bool) -> str:
-  """Why an answer ended: stop (a --stop string), eos, nonfinite (NaN/inf logits) or length."""
+  """Why an answer ended: stop (one of its stop strings), eos, nonfinite (NaN/inf logits) or
+  length."""
   if stop is not None and stop.find(raw_text) is not None:
     return "stop"
   if tokens and tokens[-1] in eos:
@@ -179,7 +181,8 @@ def main(argv=None):
   # Every flag is checked before the (slow) model load, so a typo fails in milliseconds.
   ids = parse_prompt_ids(args.prompt_ids) if args.prompt_ids is not None else None
   stop_strings = parse_stop(args.stop)
-  messages = read_prompts_file(args.prompts_file) if args.prompts_file else None
+  lines = read_prompts_file(args.prompts_file) if args.prompts_file else None
+  messages = None if lines is None else [line.message for line in lines]
   if messages is None and args.batch_size is not None:
     raise ValueError("--batch-size sets the rows decoded together from --prompts-file; "
                      "pass --prompts-file or drop it")
@@ -228,13 +231,17 @@ def main(argv=None):
   fns, params = decoder_fns(loaded.model, name=args.target)
   if messages is not None:
     check_rows_fit(rows, args.max_new_tokens, fns.max_positions, args.prompts_file)
-  stop = StopStrings.from_tokenizer(tokenizer, stop_strings) if stop_strings else None
-  stream = text_stream(tokenizer, stop=stop) if args.stream else None
+  # Each answer's stop strings: --stop's, plus its .jsonl line's own (one StopStrings per set).
+  wanted = [stop_strings] if lines is None else [
+      tuple(dict.fromkeys(stop_strings + line.stop)) for line in lines]
+  stop_sets = {s: StopStrings.from_tokenizer(tokenizer, s) for s in set(wanted) if s}
+  row_stop = [stop_sets.get(s) for s in wanted]
+  stream = text_stream(tokenizer, stop=row_stop[0]) if args.stream else None
 
   if args.draft is None:
     stats = {"mode": "plain"}
 
-    def decode(prompt, lengths):
+    def decode(prompt, lengths, stop):
       return plain_decode(fns, params, prompt, lengths, max_new_tokens=args.max_new_tokens,
                           eos_ids=eos, sampling=sampling, seed=args.seed, stream=stream,
                           stop=stop)
@@ -251,7 +258,7 @@ def main(argv=None):
                              "gate": asd_config.gate, "max_exceptions": asd_config.max_exceptions,
                              "normalize_q": asd_config.normalize_q}
 
-    def decode(prompt, lengths):
+    def decode(prompt, lengths, stop):
       return setup.decode(setup.target_fns, setup.target_params, setup.drafter, setup.params,
                           prompt, lengths, max_new_tokens=args.max_new_tokens, rule=rule,
                           asd_config=asd_config, sampling=sampling, eos_ids=eos,
@@ -261,9 +268,10 @@ def main(argv=None):
   t0 = time.perf_counter()
   for start in range(0, len(rows), batch_size):
     prompt, lengths = right_pad(rows[start:start + batch_size])
-    result = jax.block_until_ready(decode(prompt, lengths))
+    batch_stop = row_stop[start:start + batch_size]
+    result = jax.block_until_ready(decode(prompt, lengths, batch_stop))
     results.append(result)
-    for b in range(prompt.shape[0]):
+    for b, stop in enumerate(batch_stop):
       n = int(result.num_generated_B[b])
       tokens = np.asarray(result.tokens_BxN[b, :n]).tolist()
       text = tokenizer.decode(tokens, skip_special_tokens=True)

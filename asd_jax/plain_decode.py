@@ -20,7 +20,7 @@ from asd_jax.sampling import SamplingConfig, select_token
 from asd_jax.spec_sampling import Filters
 from asd_jax.sampling_keys import row_keys, split_keys
 from asd_jax.host_calls import HostCall, finish_host_calls, host_calls
-from asd_jax.stop_strings import StopStrings, check_stop, keep_until_stop
+from asd_jax.stop_strings import StopArg, keep_until_stop, row_stops
 from asd_jax.token_stream import TokenStream, check_stream, emit
 
 # XLA's copy insertion with region analysis sees that a decode loop reads each KV-cache buffer
@@ -125,7 +125,7 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
                  eos_ids=(), sampling: SamplingConfig = SamplingConfig(), seed: int = 0,
                  max_new_B=None, capacity: int | None = None,
                  stream: TokenStream | None = None,
-                 stop: StopStrings | None = None) -> DecodeResult:
+                 stop: StopArg = None) -> DecodeResult:
   """Generates up to `max_new_tokens` tokens per row (jitted, on device).
 
   Args:
@@ -140,7 +140,8 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
     capacity: KV-cache slots per row (static); default: prompt width + max_new_tokens rounded
       up to a multiple of 64, so nearby output lengths share one compiled program.
     stream: a TokenStream to receive each row's tokens on the host as they are generated.
-    stop: StopStrings; a row ends with the token that completes one in its text.
+    stop: StopStrings (every row) or a list with a StopStrings or None per row; a row ends
+      with the token that completes one of its stop strings in its text.
   """
   request_checks.check_type("fns", fns, LanguageModelFns)
   request_checks.check_type("sampling", sampling, SamplingConfig)
@@ -152,8 +153,8 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
       window_needs=fns.max_positions, model=fns.name)
   request_checks.check_param_shapes("params", params, fns.param_shapes, fns.name)
   check_stream(stream)
-  check_stop(stop)
-  with host_calls(stream=stream, stop=stop) as host:
+  stops = row_stops(stop, prompt.shape[0])
+  with host_calls(stream=stream, stop=stops) as host:
     result = _plain_decode(fns, params, jnp.asarray(prompt), jnp.asarray(lengths),
                            jnp.asarray(max_new_B), row_keys(seed, prompt.shape[0]),
                            max_new_tokens=max_new_tokens, capacity=capacity, eos_ids=eos_ids,

@@ -34,7 +34,7 @@ from asd_jax.sampling import SamplingConfig, select_token
 from asd_jax.sampling_keys import row_keys, split_keys
 from asd_jax.spec_sampling import Filters, chain_sample_core, sample_without_draft
 from asd_jax.host_calls import HostCall, finish_host_calls, host_calls
-from asd_jax.stop_strings import StopStrings, check_stop
+from asd_jax.stop_strings import StopArg, row_stops
 from asd_jax.token_stream import TokenStream, check_stream
 from asd_jax.verify_output import VerifyOutput
 
@@ -168,7 +168,7 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
                sampling: SamplingConfig = SamplingConfig(), eos_ids=(), seed: int = 0,
                max_new_B=None, capacity: int | None = None,
                stream: TokenStream | None = None,
-               stop: StopStrings | None = None) -> SpecDecodeResult:
+               stop: StopArg = None) -> SpecDecodeResult:
   """Speculative decoding with chain drafting (jitted; one call per batch of requests).
 
   Args:
@@ -187,7 +187,8 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
       alone with its seed, whatever else is in the batch.
     capacity: cache slots per row (static); default: required_capacity rounded up to 64.
     stream: a TokenStream to receive each row's committed tokens on the host, round by round.
-    stop: StopStrings; a row ends with the token that completes one in its text (tokens a
+    stop: StopStrings (every row) or a list with a StopStrings or None per row; a row ends
+      with the token that completes one of its stop strings in its text (tokens a
       round accepted past it are dropped).
 
   Returns:
@@ -211,7 +212,7 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
 
 def run_loop(loop, target: LanguageModelFns, target_params, drafter, drafter_params,
              req: PreparedRequest, *, sampling: SamplingConfig, normalize_q: bool,
-             stream: TokenStream | None, stop: StopStrings | None):
+             stream: TokenStream | None, stop: StopArg):
   """Runs a speculative decode loop (_asd_decode or tree_decode._tree_decode) on a prepared
   request: each model's params are checked to be its own (another model's fail here, naming
   the first array), the stream and stop strings are reset and their callbacks' exceptions
@@ -221,8 +222,8 @@ def run_loop(loop, target: LanguageModelFns, target_params, drafter, drafter_par
   request_checks.check_param_shapes("drafter_params", drafter_params, drafter.param_shapes,
                                     drafter.name)
   check_stream(stream)
-  check_stop(stop)
-  with host_calls(stream=stream, stop=stop) as host:
+  stops = row_stops(stop, req.arrays[0].shape[0])
+  with host_calls(stream=stream, stop=stops) as host:
     result = loop(target, target_params, drafter, drafter_params, *req.arrays, rule=req.rule,
                   sampling=sampling.filters(), normalize_q=normalize_q,
                   max_new_tokens=req.max_new_tokens, capacity=req.capacity,

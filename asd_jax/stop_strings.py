@@ -6,9 +6,10 @@ row, how many generated tokens to keep: all of them, or those up to the token th
 first stop string. A speculative round may commit several tokens past that point; they are
 dropped, and the row ends. The result holds the tokens through the completing one; the text
 before the stop string is `StopStrings.cut(text)` (vLLM leaves the stop string out by default).
-Without StopStrings nothing is traced, so the program without stop strings is unchanged. The
-callback finds the call's StopStrings by the call's id (asd_jax/host_calls.py), so other stop
-strings per request do not compile the loop again.
+Each row of a batch may have its own StopStrings, or none (`stop=[...]`, one per row: the
+requests of a batch are independent, as vLLM's). Without any nothing is traced, so the program
+without stop strings is unchanged. The callback finds the call's stop strings by the call's id
+(asd_jax/host_calls.py), so other stop strings per request do not compile the loop again.
 
 Each check decodes only a window of the row: the new tokens plus enough earlier ones to hold a
 stop string that began before them (`StopStrings._window`), so a long answer is not re-decoded
@@ -20,7 +21,7 @@ Shape notation: B rows, W output buffer width.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -43,14 +44,12 @@ class StopStrings:
   """strings: the stop strings; decode(ids) -> the text of generated token ids (as the answer
   is shown, e.g. tokenizer.decode(ids, skip_special_tokens=True): `from_tokenizer`).
 
-  Any StopStrings runs the same compiled program. One StopStrings may serve many decode calls,
-  one at a time (it holds the running call's error).
+  Immutable: one StopStrings may serve any number of rows and calls, at once too. Any
+  StopStrings runs the same compiled program.
   """
 
   strings: tuple[str, ...]
   decode: Callable[[list[int]], str]
-  # The first exception `decode` raised in the current decode call (re-raised after the loop).
-  _error: list = dataclasses.field(default_factory=list, init=False, repr=False)
 
   def __post_init__(self):
     if isinstance(self.strings, str) or not isinstance(self.strings, tuple):
@@ -121,6 +120,16 @@ class StopStrings:
         return start, chars
       span *= 2
 
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RowStops:
+  """One decode call's stop strings, row by row (None: the row has none); made by row_stops."""
+
+  rows: tuple[StopStrings | None, ...]
+  # The first exception a `decode` raised in this call (re-raised after the loop; the check is
+  # off for the rest of the call).
+  _error: list = dataclasses.field(default_factory=list, init=False, repr=False)
+
   def _keep(self, tokens_BxW, before_B, after_B) -> tuple[np.ndarray, np.ndarray]:
     """Host side: (tokens each row keeps, whether a stop string ended the row)."""
     keep_B = np.asarray(after_B).astype(np.int32)
@@ -130,7 +139,10 @@ class StopStrings:
     tokens_BxW, before_B = np.asarray(tokens_BxW), np.asarray(before_B)
     try:
       for row in np.flatnonzero(keep_B > before_B):
-        n = self.first_stop(tokens_BxW[row, :keep_B[row]].tolist(), int(before_B[row]))
+        if self.rows[row] is None:
+          continue
+        n = self.rows[row].first_stop(tokens_BxW[row, :keep_B[row]].tolist(),
+                                      int(before_B[row]))
         if n is not None:
           keep_B[row], stopped_B[row] = n, True
     except Exception as e:  # noqa: BLE001 - re-raised by finish_host_calls, unchanged
@@ -138,11 +150,28 @@ class StopStrings:
     return keep_B, stopped_B
 
 
-def check_stop(stop: StopStrings | None) -> None:
-  """At the Python boundary of a decode call: anything else would fail inside the running
-  loop."""
-  if stop is not None and not isinstance(stop, StopStrings):
-    raise TypeError(f"stop must be a StopStrings, got {type(stop).__name__}")
+# What the engines' `stop` argument takes.
+StopArg = Union[StopStrings, Sequence[Union[StopStrings, None]], None]
+
+
+def row_stops(stop: StopArg, batch: int) -> RowStops | None:
+  """At the Python boundary of a decode call: `stop` (None, a StopStrings for every row, or a
+  sequence with a StopStrings or None per row) as RowStops, None when no row has any. Anything
+  else is refused here: inside the running loop it would fail as an XLA error."""
+  if stop is None:
+    return None
+  if isinstance(stop, StopStrings):
+    return RowStops((stop,) * batch)
+  if not isinstance(stop, (list, tuple)):
+    raise TypeError(f"stop must be a StopStrings or a list with one StopStrings (or None) per "
+                    f"row, got {type(stop).__name__}")
+  if len(stop) != batch:
+    raise ValueError(f"stop has {len(stop)} entries for {batch} rows; give one StopStrings "
+                     "(or None) per row, or one StopStrings for all")
+  for i, row in enumerate(stop):
+    if row is not None and not isinstance(row, StopStrings):
+      raise TypeError(f"stop[{i}] must be a StopStrings or None, got {type(row).__name__}")
+  return None if all(row is None for row in stop) else RowStops(tuple(stop))
 
 
 def keep_until_stop(host: HostCall, tokens_BxW: jax.Array, before_B: jax.Array,

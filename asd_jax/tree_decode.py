@@ -29,7 +29,7 @@ from asd_jax.sampling_keys import split_keys
 from asd_jax.spec_decode import prepare_request, run_loop
 from asd_jax.spec_sampling import Filters, tree_sample_core
 from asd_jax.host_calls import HostCall
-from asd_jax.stop_strings import StopStrings
+from asd_jax.stop_strings import StopArg
 from asd_jax.token_stream import TokenStream
 from asd_jax.tree_verify import tree_asd_verify_traced, tree_greedy_verify, tree_paths
 
@@ -170,7 +170,7 @@ def asd_tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafte
                     sampling: SamplingConfig = SamplingConfig(), eos_ids=(), seed: int = 0,
                     max_new_B=None, capacity: int | None = None,
                     stream: TokenStream | None = None,
-                    stop: StopStrings | None = None) -> SpecDecodeResult:
+                    stop: StopArg = None) -> SpecDecodeResult:
   """Tree speculative decoding; the same contract and guarantees as `asd_decode`.
 
   strict (and asd at budget 0) give exactly the target's greedy output (in bfloat16, up to

@@ -187,6 +187,9 @@ def test_asd_settings_from_the_preset_and_k_from_the_drafter(tiny_target, capsys
     ("bad.jsonl", '{"prompt": "the list"}\n{"text": "x"}\n',
      'line 2 must be an object with a string "prompt"'),
     ("broken.jsonl", '{"prompt": "the list"\n', "line 1 is not JSON"),
+    ("stop.jsonl", '{"prompt": "a"}\n{"prompt": "b", "stop": 3}\n',
+     'line 2: "stop" must be a string or a list of strings'),
+    ("stops.jsonl", '{"prompt": "a", "stop": ["x", ""]}\n', 'line 1: an empty "stop" string'),
     ("latin1.txt", b"caf\xe9\n", "not UTF-8 text"),
 ])
 def test_a_bad_prompts_file_is_refused_before_the_model_loads(name, content, message, tmp_path,
@@ -287,3 +290,13 @@ def test_stop_strings_end_answers_alone_and_batched(tiny_target, tmp_path, capsy
     assert alone[0]["finish_reason"] == "stop"
     streamed = run("--prompt", lines[0], "--stop", stop, "--stream", *draft)
     assert streamed.split("\n[")[0] == alone[0]["text"] + "\n"
+    # A .jsonl line's own "stop" applies to that answer only, in the same batch as others.
+    (tmp_path / "q.jsonl").write_text(
+        json.dumps({"prompt": lines[0], "stop": stop}) + "\n"
+        + "".join(json.dumps({"prompt": p, "stop": []}) + "\n" for p in lines[1:]))
+    own = json.loads(run("--prompts-file", str(tmp_path / "q.jsonl"), "--batch-size", "3",
+                         "--json", *draft))["answers"]
+    assert (own[0]["tokens"], own[0]["text"], own[0]["finish_reason"]) == (
+        alone[0]["tokens"], alone[0]["text"], "stop")
+    assert [(a["tokens"], a["finish_reason"]) for a in own[1:]] == [
+        (f["tokens"], "length") for f in full[1:]]

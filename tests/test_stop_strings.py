@@ -137,10 +137,42 @@ def test_bad_stop_strings_are_refused(strings, decode, error, match):
     StopStrings(strings, decode)
 
 
-def test_a_wrong_stop_object_is_refused():
-  prompt, lengths = random_prompts(np.random.RandomState(5), 1, 5, VOCAB)
-  with pytest.raises(TypeError, match="stop must be a StopStrings"):
-    plain_decode(_FNS, _PARAMS, prompt, lengths, max_new_tokens=3, stop=("a",))
+@pytest.mark.parametrize("stop,error,match", [
+    ("a", TypeError, "stop must be a StopStrings or a list"),
+    (("a",), TypeError, r"stop\[0\] must be a StopStrings or None, got str"),
+    ([None, StopStrings(("a",), _decode), None], ValueError, "3 entries for 2 rows"),
+])
+def test_a_wrong_stop_argument_is_refused(stop, error, match):
+  prompt, lengths = random_prompts(np.random.RandomState(5), 2, 5, VOCAB)
+  for engine in ("plain", "chain"):
+    with pytest.raises(error, match=match):
+      _engine(engine)(prompt_BxT=prompt[:2] if error is ValueError else prompt[:1],
+                      lengths_B=lengths[:2] if error is ValueError else lengths[:1],
+                      max_new_tokens=3, stop=stop)
+
+
+@pytest.mark.parametrize("engine", ["plain", "chain", "tree"])
+def test_each_row_stops_at_its_own_stop_strings(engine):
+  """Per-row stop strings (one request each): every row equals that row decoded alone with
+  its own stop strings, and a row with None runs to the end."""
+  prompt, lengths = random_prompts(np.random.RandomState(6), 3, 9, VOCAB)
+  n_max = 24
+  full = plain_decode(_FNS, _PARAMS, prompt, lengths, max_new_tokens=n_max)
+  texts = [_decode(np.asarray(full.tokens_BxN[b]).tolist()) for b in range(3)]
+  # Row 0 stops at a string from its own text, row 2 at one from its own; row 1 has none,
+  # though row 0's string may occur in its text too.
+  per_row = [StopStrings((texts[0][4:6],), _decode), None,
+             StopStrings((texts[2][8:11], "dddddddd"), _decode)]
+  decode = _engine(engine)
+  result = decode(prompt_BxT=prompt, lengths_B=lengths, max_new_tokens=n_max, stop=per_row)
+  assert int(result.num_generated_B[1]) == n_max
+  for b in range(3):
+    alone = decode(prompt_BxT=prompt[b:b + 1], lengths_B=lengths[b:b + 1],
+                   max_new_tokens=n_max, stop=per_row[b])
+    n = int(alone.num_generated_B[0])
+    assert int(result.num_generated_B[b]) == n, f"row {b}"
+    np.testing.assert_array_equal(result.tokens_BxN[b], alone.tokens_BxN[0])
+  assert int(result.num_generated_B[0]) < n_max and int(result.num_generated_B[2]) < n_max
 
 
 def test_cut_keeps_the_text_before_the_earliest_stop_string():
