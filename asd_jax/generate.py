@@ -82,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
                  help="compute with a GGUF target's Q4_1/Q8_0 blocks on the CPU (the same "
                  "weights and results at a fifth of the bytes; default) or its float32 copy only")
   p.add_argument("--json", action="store_true", help="print one JSON object")
+  p.add_argument("--logprobs", action="store_true",
+                 help="with --json: each answer's token log-probabilities under the target "
+                 "(raw logits, before temperature; from the verify forwards, no extra cost in "
+                 "forwards)")
   p.add_argument("--stream", action="store_true",
                  help="print the answer as it is generated (tokens/s then include the printing)")
   spec = p.add_argument_group("speculative decoding")
@@ -197,6 +201,9 @@ def main(argv=None):
     raise ValueError(f"--rule {args.rule} needs a drafter: pass --draft")
   if args.k is not None and args.k <= 0:
     raise ValueError(f"--k must be a positive integer, got {args.k}")
+  if args.logprobs and not args.json:
+    raise ValueError("--logprobs adds each token's log-probability to the --json output; "
+                     "pass --json")
   if args.stream and args.json:
     raise ValueError("--stream prints text as it arrives; it cannot be combined with --json")
   asd_config = preset_with(args.asd_preset or "paper", budget=args.budget, gate=args.gate,
@@ -244,7 +251,7 @@ def main(argv=None):
     def decode(prompt, lengths, stop):
       return plain_decode(fns, params, prompt, lengths, max_new_tokens=args.max_new_tokens,
                           eos_ids=eos, sampling=sampling, seed=args.seed, stream=stream,
-                          stop=stop)
+                          stop=stop, logprobs=args.logprobs)
   else:
     rule = args.rule or "strict"
     from models.drafter_setup import default_k, setup_drafter
@@ -262,7 +269,7 @@ def main(argv=None):
       return setup.decode(setup.target_fns, setup.target_params, setup.drafter, setup.params,
                           prompt, lengths, max_new_tokens=args.max_new_tokens, rule=rule,
                           asd_config=asd_config, sampling=sampling, eos_ids=eos,
-                          seed=args.seed, stream=stream, stop=stop)
+                          seed=args.seed, stream=stream, stop=stop, logprobs=args.logprobs)
 
   answers, results = [], []
   t0 = time.perf_counter()
@@ -279,6 +286,8 @@ def main(argv=None):
       answers.append({"tokens": tokens, "text": text if stop is None else stop.cut(text),
                       "finish_reason": finish_reason(tokens, text, eos, stop, nonfinite),
                       "nonfinite_logits": nonfinite})
+      if args.logprobs:
+        answers[-1]["logprobs"] = np.asarray(result.logprobs_BxN[b, :n]).round(5).tolist()
   wall_s = time.perf_counter() - t0  # includes compilation unless the persistent cache had it
   if args.draft is None:
     forwards = np.concatenate([np.asarray(r.target_forwards_B) for r in results])
@@ -314,7 +323,8 @@ def main(argv=None):
       answer.update(prompt=message, new_tokens=len(answer["tokens"]), **row)
   if args.json:
     print(json.dumps({"tokens": answer["tokens"], "text": answer["text"],
-                      "finish_reason": answer["finish_reason"], "stats": stats}
+                      "finish_reason": answer["finish_reason"], "stats": stats,
+                      **({"logprobs": answer["logprobs"]} if args.logprobs else {})}
                      if messages is None else {"answers": answers, "stats": stats}))
   else:
     if messages is None:

@@ -21,6 +21,7 @@ from asd_jax.spec_sampling import Filters
 from asd_jax.sampling_keys import row_keys, split_keys
 from asd_jax.host_calls import HostCall, finish_host_calls, host_calls
 from asd_jax.stop_strings import StopArg, keep_until_stop, row_stops
+from asd_jax.token_logprobs import token_logprobs
 from asd_jax.token_stream import TokenStream, check_stream, emit
 
 # XLA's copy insertion with region analysis sees that a decode loop reads each KV-cache buffer
@@ -41,12 +42,15 @@ class DecodeResult:
     offending token was not emitted.
   target_forwards_B: target forward passes that produced this row's tokens (prefill counts 1
     when it produced the row's first token; 0 for a row with max_new_B 0).
+  logprobs_BxN: with logprobs=True, each token's log-probability under the model
+    (asd_jax/token_logprobs.py), 0 past num_generated_B; else None.
   """
 
   tokens_BxN: jax.Array
   num_generated_B: jax.Array
   nonfinite_B: jax.Array
   target_forwards_B: jax.Array
+  logprobs_BxN: jax.Array | None = None
 
 
 @flax.struct.dataclass
@@ -59,6 +63,7 @@ class _LoopState:
   forwards_B: jax.Array
   cache: object
   rng: jax.Array
+  logprobs_BxN: jax.Array | None = None  # beside tokens_BxN, with logprobs=True
 
 
 def _emit(state: _LoopState, logits_BxV, rng, max_new_B, eos_ids, sampling,
@@ -69,6 +74,10 @@ def _emit(state: _LoopState, logits_BxV, rng, max_new_B, eos_ids, sampling,
   rows = jnp.arange(token_B.shape[0])
   col_B = jnp.where(write_B, state.num_generated_B, state.tokens_BxN.shape[1])  # OOB = dropped
   tokens_BxN = state.tokens_BxN.at[rows, col_B].set(token_B, mode="drop")
+  logprobs_BxN = state.logprobs_BxN
+  if logprobs_BxN is not None:
+    logprobs_BxN = logprobs_BxN.at[rows, col_B].set(
+        token_logprobs(logits_BxV[:, None], token_B[:, None])[:, 0], mode="drop")
   num_generated_B = state.num_generated_B + write_B.astype(jnp.int32)
   _, stopped_B = keep_until_stop(host, tokens_BxN, state.num_generated_B, num_generated_B)
   is_eos_B = jnp.isin(token_B, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else False
@@ -77,15 +86,16 @@ def _emit(state: _LoopState, logits_BxV, rng, max_new_B, eos_ids, sampling,
             | (num_generated_B >= max_new_B))
   emit(host, tokens_BxN, state.num_generated_B, num_generated_B)
   return state.replace(tokens_BxN=tokens_BxN, num_generated_B=num_generated_B, done_B=done_B,
-                       nonfinite_B=nonfinite_B,
+                       nonfinite_B=nonfinite_B, logprobs_BxN=logprobs_BxN,
                        forwards_B=state.forwards_B + (~state.done_B).astype(jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnames=("fns", "max_new_tokens", "capacity", "eos_ids"),
+@functools.partial(jax.jit, static_argnames=("fns", "max_new_tokens", "capacity", "eos_ids",
+                                             "logprobs"),
                    compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
 def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_B, rng, *,
                   max_new_tokens: int, capacity: int, eos_ids: tuple[int, ...],
-                  sampling: Filters, host: HostCall) -> DecodeResult:
+                  sampling: Filters, host: HostCall, logprobs: bool) -> DecodeResult:
   b = prompt_BxT.shape[0]
   cache = fns.init_cache(b, capacity)
   logits_BxV, _, cache = fns.prefill(params, prompt_BxT, lengths_B, cache)
@@ -98,7 +108,8 @@ def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_
       done_B=max_new_B <= 0,
       nonfinite_B=jnp.zeros((b,), bool),
       forwards_B=jnp.zeros((b,), jnp.int32),
-      cache=cache, rng=rng)
+      cache=cache, rng=rng,
+      logprobs_BxN=jnp.zeros((b, max_new_tokens), jnp.float32) if logprobs else None)
   state = _emit(state, logits_BxV, sub, max_new_B, eos_ids, sampling, host)
 
   def cond(s: _LoopState):
@@ -118,14 +129,15 @@ def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_
 
   state = jax.lax.while_loop(cond, body, state)
   return DecodeResult(tokens_BxN=state.tokens_BxN, num_generated_B=state.num_generated_B,
-                      nonfinite_B=state.nonfinite_B, target_forwards_B=state.forwards_B)
+                      nonfinite_B=state.nonfinite_B, target_forwards_B=state.forwards_B,
+                      logprobs_BxN=state.logprobs_BxN)
 
 
 def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_new_tokens: int,
                  eos_ids=(), sampling: SamplingConfig = SamplingConfig(), seed: int = 0,
                  max_new_B=None, capacity: int | None = None,
                  stream: TokenStream | None = None,
-                 stop: StopArg = None) -> DecodeResult:
+                 stop: StopArg = None, logprobs: bool = False) -> DecodeResult:
   """Generates up to `max_new_tokens` tokens per row (jitted, on device).
 
   Args:
@@ -142,6 +154,8 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
     stream: a TokenStream to receive each row's tokens on the host as they are generated.
     stop: StopStrings (every row) or a list with a StopStrings or None per row; a row ends
       with the token that completes one of its stop strings in its text.
+    logprobs: also return each token's log-probability under the model
+      (DecodeResult.logprobs_BxN; asd_jax/token_logprobs.py).
   """
   request_checks.check_type("fns", fns, LanguageModelFns)
   request_checks.check_type("sampling", sampling, SamplingConfig)
@@ -153,10 +167,11 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
       window_needs=fns.max_positions, model=fns.name)
   request_checks.check_param_shapes("params", params, fns.param_shapes, fns.name)
   check_stream(stream)
+  request_checks.check_type("logprobs", logprobs, bool)
   stops = row_stops(stop, prompt.shape[0])
   with host_calls(stream=stream, stop=stops) as host:
     result = _plain_decode(fns, params, jnp.asarray(prompt), jnp.asarray(lengths),
                            jnp.asarray(max_new_B), row_keys(seed, prompt.shape[0]),
                            max_new_tokens=max_new_tokens, capacity=capacity, eos_ids=eos_ids,
-                           sampling=sampling.filters(), host=host)
+                           sampling=sampling.filters(), host=host, logprobs=logprobs)
     return finish_host_calls(host, result)

@@ -35,6 +35,7 @@ from asd_jax.sampling_keys import row_keys, split_keys
 from asd_jax.spec_sampling import Filters, chain_sample_core, sample_without_draft
 from asd_jax.host_calls import HostCall, finish_host_calls, host_calls
 from asd_jax.stop_strings import StopArg, row_stops
+from asd_jax.token_logprobs import block_logprobs, token_logprobs
 from asd_jax.token_stream import TokenStream, check_stream
 from asd_jax.verify_output import VerifyOutput
 
@@ -69,12 +70,13 @@ def _verify(rule, draft_BxK, draft_logits, target_logits_BxK1xV, spent_B, asd_sc
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "target", "drafter", "rule", "normalize_q", "max_new_tokens", "capacity", "eos_ids"),
-    compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
+    "target", "drafter", "rule", "normalize_q", "max_new_tokens", "capacity", "eos_ids",
+    "logprobs"), compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
 def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, drafter_params,
                 prompt_BxT, lengths_B, max_new_B, asd_scalars, rng, *, rule: str,
                 sampling: Filters, normalize_q: bool, max_new_tokens: int, capacity: int,
-                eos_ids: tuple[int, ...], host: HostCall) -> SpecDecodeResult:
+                eos_ids: tuple[int, ...], host: HostCall,
+                logprobs: bool) -> SpecDecodeResult:
   b = prompt_BxT.shape[0]
   k = drafter.num_draft
   target_cache = target.init_cache(b, capacity)
@@ -85,7 +87,7 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
   state = initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampling,
                         eos_ids, max_new_tokens=max_new_tokens, depth=k,
                         target_cache=target_cache, drafter_state=drafter_state,
-                        history_width=0, host=host)
+                        history_width=0, host=host, logprobs=logprobs)
 
   def cond(s: RoundState):
     # Every active row commits >= 1 token per round, so max_new_tokens rounds always suffice.
@@ -102,7 +104,12 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
     verdict = _verify(rule, draft_BxW, None if draft_logits is None else draft_logits[:, :width],
                       target_logits, s.stats.asd_spent_B, asd_scalars, k_verify, sampling,
                       normalize_q, draft_lengths_B=lengths_B, noise_slots=k)
-    return target_cache, _as_verdict(verdict)
+    verdict = _as_verdict(verdict)
+    lp_BxK1 = None
+    if logprobs:
+      lp_BxK1 = jnp.pad(block_logprobs(target_logits, draft_BxW, verdict.num_accepted,
+                                       verdict.next_token), ((0, 0), (0, k - width)))
+    return target_cache, verdict, lp_BxK1
 
   def plain_step(s: RoundState, draft_BxK, draft_logits, k_verify, lengths_B):
     # A round in which every draft is rejected, at the cost of one token: the same commit
@@ -120,7 +127,10 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
     verdict = VerifyOutput(num_accepted=zeros_B, next_token=next_B,
                            spent=s.stats.asd_spent_B, num_exceptions=zeros_B,
                            nonfinite=~jnp.isfinite(logits_BxV).all(axis=-1))
-    return target_cache, _as_verdict(verdict)
+    lp_BxK1 = None
+    if logprobs:
+      lp_BxK1 = jnp.pad(token_logprobs(logits_Bx1xV, next_B[:, None]), ((0, 0), (0, k)))
+    return target_cache, _as_verdict(verdict), lp_BxK1
 
   def body(s: RoundState):
     rng, k_draft, k_verify = split_keys(s.rng, 3)
@@ -129,7 +139,8 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
         drafter_params, s.drafter_state, s.recent_Bx2, positions_Bx2, k_draft, sampling)
     check_proposal(drafter, draft_BxK, draft_logits, b, sampled=rule == "sample")
     if drafter.draft_length is None:
-      target_cache, verdict = verify_round(k, s, draft_BxK, draft_logits, k_verify, None)
+      target_cache, verdict, lp_BxK1 = verify_round(k, s, draft_BxK, draft_logits, k_verify,
+                                                    None)
     else:
       # The drafter's lengths depend on committed tokens only. Under strict the width never
       # changes the output, only what a round costs; a row's tokens past its own length may
@@ -147,11 +158,11 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
                                 method="compare_all")
       branches = [plain_step] + [functools.partial(verify_round, w) for w in drafter.widths]
       own_B = None if rule == "strict" else lengths_B
-      target_cache, verdict = jax.lax.switch(branch, branches, s, draft_BxK, draft_logits,
-                                             k_verify, own_B)
+      target_cache, verdict, lp_BxK1 = jax.lax.switch(branch, branches, s, draft_BxK,
+                                                      draft_logits, k_verify, own_B)
     s = s.replace(round=s.round + 1, target_cache=target_cache, drafter_state=drafter_state,
                   rng=rng)
-    return commit_round(s, draft_BxK, verdict, max_new_B, eos_ids, host)
+    return commit_round(s, draft_BxK, verdict, max_new_B, eos_ids, host, lp_BxK1)
 
   state = jax.lax.while_loop(cond, body, state)
   return finish(state, max_new_tokens)
@@ -168,7 +179,7 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
                sampling: SamplingConfig = SamplingConfig(), eos_ids=(), seed: int = 0,
                max_new_B=None, capacity: int | None = None,
                stream: TokenStream | None = None,
-               stop: StopArg = None) -> SpecDecodeResult:
+               stop: StopArg = None, logprobs: bool = False) -> SpecDecodeResult:
   """Speculative decoding with chain drafting (jitted; one call per batch of requests).
 
   Args:
@@ -190,6 +201,8 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
     stop: StopStrings (every row) or a list with a StopStrings or None per row; a row ends
       with the token that completes one of its stop strings in its text (tokens a
       round accepted past it are dropped).
+    logprobs: also return each output token's log-probability under the target
+      (SpecDecodeResult.logprobs_BxN; asd_jax/token_logprobs.py), from the verify forwards.
 
   Returns:
     SpecDecodeResult with tokens, lengths, non-finite flags and DecodeStats. Non-finite
@@ -207,12 +220,12 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
                         drafter_window=(drafter.name, drafter.max_positions))
   return run_loop(_asd_decode, target, target_params, drafter, drafter_params, req,
                   sampling=sampling, normalize_q=asd_config.normalize_q, stream=stream,
-                  stop=stop)
+                  stop=stop, logprobs=logprobs)
 
 
 def run_loop(loop, target: LanguageModelFns, target_params, drafter, drafter_params,
              req: PreparedRequest, *, sampling: SamplingConfig, normalize_q: bool,
-             stream: TokenStream | None, stop: StopArg):
+             stream: TokenStream | None, stop: StopArg, logprobs: bool):
   """Runs a speculative decode loop (_asd_decode or tree_decode._tree_decode) on a prepared
   request: each model's params are checked to be its own (another model's fail here, naming
   the first array), the stream and stop strings are reset and their callbacks' exceptions
@@ -222,12 +235,13 @@ def run_loop(loop, target: LanguageModelFns, target_params, drafter, drafter_par
   request_checks.check_param_shapes("drafter_params", drafter_params, drafter.param_shapes,
                                     drafter.name)
   check_stream(stream)
+  request_checks.check_type("logprobs", logprobs, bool)
   stops = row_stops(stop, req.arrays[0].shape[0])
   with host_calls(stream=stream, stop=stops) as host:
     result = loop(target, target_params, drafter, drafter_params, *req.arrays, rule=req.rule,
                   sampling=sampling.filters(), normalize_q=normalize_q,
                   max_new_tokens=req.max_new_tokens, capacity=req.capacity,
-                  eos_ids=req.eos_ids, host=host)
+                  eos_ids=req.eos_ids, host=host, logprobs=logprobs)
     return finish_host_calls(host, result)
 
 

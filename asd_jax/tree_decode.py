@@ -30,6 +30,7 @@ from asd_jax.spec_decode import prepare_request, run_loop
 from asd_jax.spec_sampling import Filters, tree_sample_core
 from asd_jax.host_calls import HostCall
 from asd_jax.stop_strings import StopArg
+from asd_jax.token_logprobs import block_logprobs
 from asd_jax.token_stream import TokenStream
 from asd_jax.tree_verify import tree_asd_verify_traced, tree_greedy_verify, tree_paths
 
@@ -80,12 +81,13 @@ def _verify_tree(rule, tokens, parents, draft_logits, target_logits, spent_B, as
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "target", "drafter", "rule", "normalize_q", "max_new_tokens", "capacity", "eos_ids"),
-    compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
+    "target", "drafter", "rule", "normalize_q", "max_new_tokens", "capacity", "eos_ids",
+    "logprobs"), compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
 def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, drafter_params,
                  prompt_BxT, lengths_B, max_new_B, asd_scalars, rng, *, rule: str,
                  sampling: Filters, normalize_q: bool, max_new_tokens: int, capacity: int,
-                 eos_ids: tuple[int, ...], host: HostCall) -> SpecDecodeResult:
+                 eos_ids: tuple[int, ...], host: HostCall,
+                 logprobs: bool) -> SpecDecodeResult:
   b = prompt_BxT.shape[0]
   # A path of N nodes is at most N deep (the verifiers refuse a larger max_depth): a greedy tree
   # keeps num_nodes, which --tree 4,4,2 makes fewer than its depth; a sampled one keeps the
@@ -108,7 +110,7 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
   state = initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampling,
                         eos_ids, max_new_tokens=max_new_tokens, depth=depth,
                         target_cache=target_cache, drafter_state=drafter_state,
-                        history_width=capacity, host=host)
+                        history_width=capacity, host=host, logprobs=logprobs)
 
   def cond(s: RoundState):
     return ~jnp.all(s.done_B) & (s.round < max_new_tokens)
@@ -145,19 +147,24 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
     target_cache = target.move_slots(target_cache, src_BxD, dst_BxD)
     path_tokens_BxD = jnp.where(on_path_BxD, jnp.take_along_axis(
         tokens_BxN, jnp.maximum(verdict.path, 0), axis=1), 0)
+    # Block rows of the root and the accepted path: row i's logits predict committed token i.
+    rows_BxD1 = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), 1 + jnp.maximum(
+        verdict.path, 0)], axis=1)
+    lp_BxD1 = None
+    if logprobs:
+      lp_BxD1 = block_logprobs(jnp.take_along_axis(target_logits, rows_BxD1[:, :, None], axis=1),
+                               path_tokens_BxD, verdict.num_accepted, verdict.next_token)
     if features_BxSxF is not None:
       # Keep the target's features of what was committed: the root (position n-1) and the
       # accepted path (positions n..n+a-1); the recovery/bonus token has none yet.
       new_BxTxF = _flat_features(hidden, drafter.feature_layers)
-      rows_BxD1 = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), 1 + jnp.maximum(
-          verdict.path, 0)], axis=1)
       keep_BxD1 = jnp.concatenate([~s.done_B[:, None], on_path_BxD & ~s.done_B[:, None]], axis=1)
       pos_BxD1 = jnp.where(keep_BxD1, (n_B - 1)[:, None] + jnp.arange(depth + 1), capacity)
       features_BxSxF = features_BxSxF.at[jnp.arange(b)[:, None], pos_BxD1].set(
           jnp.take_along_axis(new_BxTxF, rows_BxD1[:, :, None], axis=1), mode="drop")
     s = s.replace(round=s.round + 1, target_cache=target_cache,
                   drafter_state=(drafter_state, features_BxSxF), rng=rng)
-    return commit_round(s, path_tokens_BxD, verdict, max_new_B, eos_ids, host)
+    return commit_round(s, path_tokens_BxD, verdict, max_new_B, eos_ids, host, lp_BxD1)
 
   state = jax.lax.while_loop(cond, body, state)
   return finish(state, max_new_tokens)
@@ -170,7 +177,7 @@ def asd_tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafte
                     sampling: SamplingConfig = SamplingConfig(), eos_ids=(), seed: int = 0,
                     max_new_B=None, capacity: int | None = None,
                     stream: TokenStream | None = None,
-                    stop: StopArg = None) -> SpecDecodeResult:
+                    stop: StopArg = None, logprobs: bool = False) -> SpecDecodeResult:
   """Tree speculative decoding; the same contract and guarantees as `asd_decode`.
 
   strict (and asd at budget 0) give exactly the target's greedy output (in bfloat16, up to
@@ -195,4 +202,4 @@ def asd_tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafte
                         drafter_window=(drafter.name, drafter.max_positions))
   return run_loop(_tree_decode, target, target_params, drafter, drafter_params, req,
                   sampling=sampling, normalize_q=asd_config.normalize_q, stream=stream,
-                  stop=stop)
+                  stop=stop, logprobs=logprobs)

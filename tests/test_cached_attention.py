@@ -80,15 +80,15 @@ _CAPACITY = 64
 _SHAPES = ["1,2,16,64", "1,2,64,16"]  # keys [B, K, H, S], values [B, K, S, H]
 
 
-@pytest.mark.parametrize("host_hook", [None, "stream", "stop"])
+@pytest.mark.parametrize("host_hook", [None, "stream", "stop", "logprobs"])
 def test_plain_decoding_updates_the_cache_in_place(host_hook):
-  # A host callback in the loop (streaming, stop strings) must not cost a cache copy either.
-  # Lowering only: the call id is never looked up.
+  # A host callback in the loop (streaming, stop strings) or the logprob buffer must not cost
+  # a cache copy either. Lowering only: the call id is never looked up.
   host = HostCall(np.int32(1), stream=host_hook == "stream", stop=host_hook == "stop")
   text = _plain_decode.lower(
       _FNS, _PARAMS, jnp.ones((1, 8), jnp.int32), jnp.array([8]), jnp.array([32]), row_keys(0, 1),
       max_new_tokens=32, capacity=_CAPACITY, eos_ids=(), sampling=SamplingConfig().filters(),
-      host=host).compile().as_text()
+      host=host, logprobs=host_hook == "logprobs").compile().as_text()
   assert _cache_copies_outside_entry(text, _SHAPES) == 0
 
 
@@ -102,6 +102,6 @@ def test_chain_speculative_decoding_updates_the_target_cache_in_place():
   text = _asd_decode.lower(_FNS, _PARAMS, drafter, drafter_params, *req.arrays, rule="strict",
                            sampling=SamplingConfig().filters(), normalize_q=False,
                            max_new_tokens=32, capacity=_CAPACITY, eos_ids=(),
-                           host=NO_HOST_CALL).compile().as_text()
+                           host=NO_HOST_CALL, logprobs=False).compile().as_text()
   # Target and drafter share the tiny model's shapes, so this covers both caches.
   assert _cache_copies_outside_entry(text, _SHAPES) == 0

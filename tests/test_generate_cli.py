@@ -46,6 +46,8 @@ from tests.test_bench_cli import tiny_target  # noqa: F401  (module fixture)
     (["--prompt", "hi", "--draft", "ngram", "--rule", "asd", "--asd-preset", "fast"],
      "unknown ASD preset 'fast'; choose one of paper, exploratory, strict"),
     (["--prompt", "hi", "--stop", "x", "--stop", ""], "--stop '' would end every answer"),
+    (["--prompt", "hi", "--logprobs"], "--logprobs adds each token's log-probability to the "
+     "--json output; pass --json"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
   with pytest.raises(SystemExit) as e:
@@ -300,3 +302,28 @@ def test_stop_strings_end_answers_alone_and_batched(tiny_target, tmp_path, capsy
         alone[0]["tokens"], alone[0]["text"], "stop")
     assert [(a["tokens"], a["finish_reason"]) for a in own[1:]] == [
         (f["tokens"], "length") for f in full[1:]]
+
+
+def test_logprobs_come_with_each_answer(tiny_target, tmp_path, capsys):  # noqa: F811
+  """--logprobs: one log-probability per token, alone and batched; speculative strict decoding
+  commits the same tokens as plain decoding and reads the same values from its verify
+  forwards."""
+  import json
+  lines = ["write a python function", "the list of numbers"]
+  (tmp_path / "q.txt").write_text("\n".join(lines) + "\n")
+  common = ["--target", str(tiny_target), "--max-new-tokens", "10", "--ignore-eos", "--json",
+            "--logprobs"]
+
+  def run(*flags):
+    main([*common, *flags])
+    return json.loads(capsys.readouterr().out)
+
+  plain = run("--prompt", lines[0])
+  assert len(plain["logprobs"]) == len(plain["tokens"]) == 10
+  assert all(lp <= 0 for lp in plain["logprobs"])
+  spec = run("--prompt", lines[0], "--draft", "ngram", "--k", "3")
+  assert spec["tokens"] == plain["tokens"]
+  assert spec["logprobs"] == pytest.approx(plain["logprobs"], abs=1e-3)
+  batched = run("--prompts-file", str(tmp_path / "q.txt"), "--batch-size", "2")["answers"]
+  assert batched[0]["logprobs"] == pytest.approx(plain["logprobs"], abs=1e-3)
+  assert len(batched[1]["logprobs"]) == len(batched[1]["tokens"])
