@@ -33,6 +33,9 @@ class HostCall:
   call_id: Any                                          # int32 scalar, traced
   stream: bool = flax.struct.field(pytree_node=False, default=False)
   stop: bool = flax.struct.field(pytree_node=False, default=False)
+  # With stop strings: which token ids may complete one, per row (asd_jax/stop_gate.py), or
+  # None to check every round.
+  stop_gate_BxM: Any = None
 
 
 NO_HOST_CALL = HostCall(np.int32(0))  # neither callback traced: the plain program
@@ -58,7 +61,8 @@ def host_calls(*, stream=None, stop=None) -> Iterator[HostCall]:
     call_id = 1 + next(_IDS) % (2**31 - 1)  # a positive int32 (calls 2**31 apart never overlap)
     _ACTIVE[call_id] = {"stream": stream, "stop": stop}
   try:
-    yield HostCall(np.int32(call_id), stream=stream is not None, stop=stop is not None)
+    yield HostCall(np.int32(call_id), stream=stream is not None, stop=stop is not None,
+                   stop_gate_BxM=None if stop is None else stop.gate())
   finally:
     with _LOCK:
       del _ACTIVE[call_id]

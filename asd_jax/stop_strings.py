@@ -13,7 +13,9 @@ without stop strings is unchanged. The callback finds the call's stop strings by
 
 Each check decodes only a window of the row: the new tokens plus enough earlier ones to hold a
 stop string that began before them (`StopStrings._window`), so a long answer is not re-decoded
-every round. The callback blocks the loop while it runs.
+every round. The callback blocks the loop while it runs, so with `completers` (which
+`from_tokenizer` fills) the loop calls it only in rounds whose new tokens may complete a stop
+string (asd_jax/stop_gate.py: exact, and most rounds skip it).
 
 Shape notation: B rows, W output buffer width.
 """
@@ -29,6 +31,7 @@ import numpy as np
 from jax.experimental import io_callback
 
 from asd_jax.host_calls import HostCall, host_object
+from asd_jax.stop_gate import gate_table, tokenizer_completers
 
 # Characters decoded before a window's new tokens beyond the longest stop string: a window that
 # starts inside a character (byte-level BPE) or drops a leading space (SentencePiece) alters
@@ -50,6 +53,10 @@ class StopStrings:
 
   strings: tuple[str, ...]
   decode: Callable[[list[int]], str]
+  # bool over token ids: the tokens that may complete a stop string (asd_jax/stop_gate.py); the
+  # loop calls the host check only in rounds that commit one. None: every round is checked.
+  # Ids at or past its length always count. from_tokenizer fills it.
+  completers: np.ndarray | None = None
 
   def __post_init__(self):
     if isinstance(self.strings, str) or not isinstance(self.strings, tuple):
@@ -63,11 +70,18 @@ class StopStrings:
         raise ValueError("an empty stop string would end every answer before its first token")
     if not callable(self.decode):
       raise TypeError(f"decode must be callable (ids) -> str, got {type(self.decode).__name__}")
+    if self.completers is not None and not (isinstance(self.completers, np.ndarray)
+                                            and self.completers.dtype == np.bool_
+                                            and self.completers.ndim == 1):
+      raise TypeError("completers must be a 1-D bool numpy array over token ids (or None)")
 
   @classmethod
   def from_tokenizer(cls, tokenizer, strings) -> StopStrings:
     """Stop strings matched in the text the tokenizer shows (special tokens skipped)."""
-    return cls(tuple(strings), lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+    stop = cls(tuple(strings), lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+    # The gate is built after the checks above, so they speak first about bad strings.
+    completers = tokenizer_completers(tokenizer, stop.strings)
+    return dataclasses.replace(stop, completers=completers)
 
   def find(self, text: str) -> int | None:
     """Where the earliest stop string starts in `text`, or None."""
@@ -130,6 +144,10 @@ class RowStops:
   # off for the rest of the call).
   _error: list = dataclasses.field(default_factory=list, init=False, repr=False)
 
+  def gate(self) -> np.ndarray | None:
+    """The loop's gate table (asd_jax/stop_gate.gate_table), None when no row has one."""
+    return gate_table([False if row is None else row.completers for row in self.rows])
+
   def _keep(self, tokens_BxW, before_B, after_B) -> tuple[np.ndarray, np.ndarray]:
     """Host side: (tokens each row keeps, whether a stop string ended the row)."""
     keep_B = np.asarray(after_B).astype(np.int32)
@@ -179,12 +197,25 @@ def keep_until_stop(host: HostCall, tokens_BxW: jax.Array, before_B: jax.Array,
   """Inside a jitted loop, after rows committed tokens [before_B, after_B) into tokens_BxW:
   (kept_B, stopped_B): the generated count each row keeps and whether a stop string ended it.
   Without stop strings: (after_B, all False), with nothing traced."""
+  unchanged = (after_B, jnp.zeros(after_B.shape, bool))
   if not host.stop:
-    return after_B, jnp.zeros(after_B.shape, bool)
-  shape_B = after_B.shape
-  return io_callback(_keep, (jax.ShapeDtypeStruct(shape_B, jnp.int32),
-                             jax.ShapeDtypeStruct(shape_B, jnp.bool_)),
-                     host.call_id, tokens_BxW, before_B, after_B, ordered=True)
+    return unchanged
+
+  def check():
+    shape_B = after_B.shape
+    return io_callback(_keep, (jax.ShapeDtypeStruct(shape_B, jnp.int32),
+                               jax.ShapeDtypeStruct(shape_B, jnp.bool_)),
+                       host.call_id, tokens_BxW, before_B, after_B, ordered=True)
+
+  gate_BxM = host.stop_gate_BxM
+  if gate_BxM is None:
+    return check()
+  # The callback runs only when a new token may complete a stop string (asd_jax/stop_gate.py).
+  cols_W = jnp.arange(tokens_BxW.shape[1])
+  new_BxW = (cols_W[None] >= before_B[:, None]) & (cols_W[None] < after_B[:, None])
+  ids_BxW = jnp.clip(tokens_BxW, 0, gate_BxM.shape[1] - 1)
+  may_complete_BxW = jnp.take_along_axis(gate_BxM, ids_BxW, axis=1)
+  return jax.lax.cond(jnp.any(new_BxW & may_complete_BxW), check, lambda: unchanged)
 
 
 def _keep(call_id, tokens_BxW, before_B, after_B) -> tuple[np.ndarray, np.ndarray]:

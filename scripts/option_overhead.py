@@ -6,7 +6,9 @@
 For plain greedy decoding and for a speculative chain (`--draft`, strict), each MT-Bench prompt
 is decoded with and without the option, EOS ignored, `--max-new-tokens` each:
 - stop: a stop string the answer never holds (`--stop`), so it measures the search, not a
-  shorter answer; the host callback after every step or round.
+  shorter answer: the host callback in each step or round that commits a token which may
+  complete it (asd_jax/stop_gate.py).
+- stop-ungated: the same stop string without that gate: the callback after every step or round.
 - stream: a TokenStream whose callback does nothing; the same callback round trip.
 - logprobs: logprobs=True; a log-softmax over the vocabulary per committed position.
 The two runs of an engine alternate prompt by prompt (`--passes` times over the prompts), so
@@ -19,6 +21,7 @@ string was met (then it measures nothing).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -37,7 +40,7 @@ from models.lm_fns import decoder_fns  # noqa: E402
 from models.load import load_decoder  # noqa: E402
 from models.tokenizer import check_tokenizer_fits, encode_chat, load_tokenizer  # noqa: E402
 
-OPTIONS = ("stop", "stream", "logprobs")
+OPTIONS = ("stop", "stop-ungated", "stream", "logprobs")
 
 
 def engine_calls(args, loaded):
@@ -66,6 +69,9 @@ def engine_calls(args, loaded):
 def option_kwargs(name: str, tokenizer, stop_text: str) -> dict:
   if name == "stop":
     return {"stop": StopStrings.from_tokenizer(tokenizer, (stop_text,))}
+  if name == "stop-ungated":
+    gated = StopStrings.from_tokenizer(tokenizer, (stop_text,))
+    return {"stop": dataclasses.replace(gated, completers=None)}
   if name == "stream":
     return {"stream": TokenStream(lambda row, tokens: None)}
   return {"logprobs": True}
@@ -118,7 +124,7 @@ def main(argv=None) -> int:
           steps[name, on] += n_steps
         if answers[True] != answers[False]:
           raise SystemExit(f"{name}: the run with --option {args.option} returned other tokens")
-        if args.option == "stop" and option["stop"].find(
+        if "stop" in option and option["stop"].find(
             tokenizer.decode(answers[True], skip_special_tokens=True)) is not None:
           raise SystemExit(f"{name}: the answer holds the stop string {args.stop!r}; pick one "
                            "that is never met")
@@ -144,7 +150,7 @@ def main(argv=None) -> int:
       json.dump({"option": args.option, "target": args.target,
                  "backend": jax.default_backend(), "prompts": args.prompts,
                  "passes": args.passes, "max_new_tokens": args.max_new_tokens,
-                 "stop": args.stop if args.option == "stop" else None,
+                 "stop": args.stop if "stop" in option else None,
                  "cpu_count": os.cpu_count(), "results": results}, f, indent=2)
   return 0
 
