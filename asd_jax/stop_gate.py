@@ -56,7 +56,7 @@ class TokenChars:
     usable = dict.fromkeys(t for t in [*anchors, *ids] if shows_text(t))
     unsettled = np.zeros(vocab_size, np.bool_)
     for anchor in list(usable)[:num_anchors]:
-      anchor_text = decode_batch([[anchor]])[0]
+      anchor_text = texts[0][anchor]
       joined = decode_batch([[anchor, t] for t in ids])
       rewrites = np.array([not j.startswith(anchor_text) for j in joined], np.bool_)
       unsettled |= rewrites
@@ -73,11 +73,11 @@ class TokenChars:
   def completers(self, strings: Iterable[str]) -> np.ndarray | None:
     """bool[vocab_size]: the tokens that may complete one of `strings`; None when any token
     may (a stop string holding U+FFFD)."""
-    last_chars = {s[-1] for s in strings}
+    strings = tuple(strings)
     if any(_REPLACEMENT in s for s in strings):
       return None
     mask = self.unsettled.copy()
-    for c in last_chars:
+    for c in {s[-1] for s in strings}:
       mask[self.tokens_by_char.get(c, np.zeros(0, np.int32))] = True
     return mask
 
