@@ -106,13 +106,15 @@ def _chars(tokenizer) -> TokenChars:
 def _assert_new_text_comes_from_the_new_token(tokenizer, chars: TokenChars, ids: list[int]):
   """Each character where decode(ids[:n]) departs from decode(ids[:n-1]) is one the gate lists
   for ids[n-1] (or that token always counts): so any stop string newly in the text, which must
-  end there, passes the gate."""
+  end there, passes the gate. U+FFFD is exempt: a stop string holding it has no gate, and a
+  token that is whole alone may add one (byte fallback shows an ASCII byte token after a
+  dangling byte as U+FFFD: "<0x80>" + "<0x00>" reads two of them)."""
   before = ""
   for n in range(1, len(ids) + 1):
     text = tokenizer.decode(ids[:n], skip_special_tokens=True)
     token = ids[n - 1]
     if not chars.unsettled[token]:
-      for c in text[len(os.path.commonprefix([before, text])):]:
+      for c in set(text[len(os.path.commonprefix([before, text])):]) - {"\ufffd"}:
         assert token in chars.tokens_by_char.get(c, ()), (
             f"token {token} ({tokenizer.convert_ids_to_tokens(token)!r}) brings {c!r} to "
             f"{text!r} but is not listed for it")
@@ -144,6 +146,17 @@ def test_the_corpus_text_passes_the_gate_token_by_token(tokenizer):
   for text in _CORPUS + [_UNSEEN]:
     _assert_new_text_comes_from_the_new_token(
         tokenizer, chars, tokenizer.encode(text, add_special_tokens=False))
+
+
+def test_byte_fallback_runs_pass_the_gate():
+  """SentencePiece byte fallback decodes a run of byte tokens whole: "<0x41>" shows "A", a
+  dangling "<0xC3>" turns the run into two U+FFFD, and "<0x9F>" completes "Aß"."""
+  tokenizer = _sentencepiece_like()
+  runs = [["<0x41>", "<0xC3>", "<0x9F>"], ["<0x80>", "<0x00>"], ["<0xE2>", "<0x82>", "<0xAC>"]]
+  for run in runs:
+    ids = tokenizer.convert_tokens_to_ids(run)
+    _assert_new_text_comes_from_the_new_token(tokenizer, _chars(tokenizer), ids)
+  assert tokenizer.decode(tokenizer.convert_tokens_to_ids(runs[0])) == "Aß"
 
 
 def test_the_gate_is_narrow_and_knows_a_leading_space():
