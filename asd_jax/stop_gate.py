@@ -37,7 +37,6 @@ _REPLACEMENT = "\ufffd"  # what a decoder shows for the bytes of a character spl
 class TokenChars:
   """Per character, the tokens whose text may hold it; `unsettled`: tokens that always count."""
 
-  vocab_size: int
   tokens_by_char: dict[str, np.ndarray]
   unsettled: np.ndarray  # bool[vocab_size]
 
@@ -68,7 +67,7 @@ class TokenChars:
         unsettled[t] = True
       for c in chars:
         by_char.setdefault(c, []).append(t)
-    return cls(vocab_size, {c: np.asarray(v, np.int32) for c, v in by_char.items()}, unsettled)
+    return cls({c: np.asarray(v, np.int32) for c, v in by_char.items()}, unsettled)
 
   def completers(self, strings: Iterable[str]) -> np.ndarray | None:
     """bool[vocab_size]: the tokens that may complete one of `strings`; None when any token
