@@ -21,7 +21,7 @@ from asd_jax.sampling import select_token
 from asd_jax.sampling_keys import split_keys
 from asd_jax.host_calls import NO_HOST_CALL, HostCall
 from asd_jax.stop_strings import keep_until_stop
-from asd_jax.token_logprobs import token_logprobs
+from asd_jax import token_logprobs
 from asd_jax.token_stream import emit
 
 
@@ -30,13 +30,17 @@ class SpecDecodeResult:
   """tokens_BxN (-1 past num_generated_B), num_generated_B, nonfinite_B (row stopped on NaN/inf
   logits without emitting the bad token), stats (DecodeStats), logprobs_BxN (with
   logprobs=True: each token's target log-probability, asd_jax/token_logprobs.py; 0 past
-  num_generated_B; else None)."""
+  num_generated_B; else None), top_token_ids_BxNxL and top_logprobs_BxNxL (with
+  top_logprobs=L > 0: the target's L most likely tokens at each output position and their
+  log-probabilities, most likely first; ids -1 and 0 past num_generated_B; else None)."""
 
   tokens_BxN: jax.Array
   num_generated_B: jax.Array
   nonfinite_B: jax.Array
   stats: DecodeStats
   logprobs_BxN: jax.Array | None = None
+  top_token_ids_BxNxL: jax.Array | None = None
+  top_logprobs_BxNxL: jax.Array | None = None
 
 
 @flax.struct.dataclass
@@ -53,11 +57,13 @@ class RoundState:
   drafter_state: object
   rng: jax.Array
   history_BxS: jax.Array  # token at each position (tree drafters re-read it); [B, 0] for chains
-  logprobs_BxW: jax.Array | None = None  # beside tokens_BxW, with logprobs=True
+  # beside tokens_BxW, with logprobs=True
+  logprobs: token_logprobs.TokenLogprobs | None = None
 
 
 def commit_round(state: RoundState, draft_BxK, verdict, max_new_B, eos_ids,
-                 host: HostCall = NO_HOST_CALL, logprobs_BxK1=None) -> RoundState:
+                 host: HostCall = NO_HOST_CALL,
+                 logprobs_BxK1: token_logprobs.TokenLogprobs | None = None) -> RoundState:
   """Appends x_{<a} + next_token to each active row; EOS, max_new_B and stop strings
   truncate. logprobs_BxK1 (with logprobs=True): the block's token log-probabilities."""
   b, k = draft_BxK.shape
@@ -82,9 +88,9 @@ def commit_round(state: RoundState, draft_BxK, verdict, max_new_B, eos_ids,
   cols_BxK1 = state.num_generated_B[:, None] + j_K1[None]
   cols_BxK1 = jnp.where(j_K1[None] < count_B[:, None], cols_BxK1, state.tokens_BxW.shape[1])
   tokens_BxW = state.tokens_BxW.at[rows_Bx1, cols_BxK1].set(block_BxK1, mode="drop")
-  logprobs_BxW = state.logprobs_BxW
-  if logprobs_BxW is not None:
-    logprobs_BxW = logprobs_BxW.at[rows_Bx1, cols_BxK1].set(logprobs_BxK1, mode="drop")
+  logprobs = state.logprobs
+  if logprobs is not None:
+    logprobs = token_logprobs.write(logprobs, rows_Bx1, cols_BxK1, logprobs_BxK1)
   # A stop string completed inside the block drops the tokens after it; they stay in the buffer
   # past num_generated_B, where `finish` masks them.
   num_generated_B, stopped_B = keep_until_stop(host, tokens_BxW, state.num_generated_B,
@@ -122,12 +128,13 @@ def commit_round(state: RoundState, draft_BxK, verdict, max_new_B, eos_ids,
   return state.replace(tokens_BxW=tokens_BxW, num_generated_B=num_generated_B,
                        committed_B=committed_B, recent_Bx2=recent_Bx2, done_B=done_B,
                        nonfinite_B=nonfinite_B, stats=stats, history_BxS=history_BxS,
-                       logprobs_BxW=logprobs_BxW)
+                       logprobs=logprobs)
 
 
 def initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampling, eos_ids, *,
                   max_new_tokens, depth, target_cache, drafter_state, history_width,
-                  host: HostCall = NO_HOST_CALL, logprobs: bool = False):
+                  host: HostCall = NO_HOST_CALL, logprobs: bool = False,
+                  top_logprobs: int = 0):
   """Loop state after prefill: the first token (from the prefill logits) is committed."""
   b = prompt_BxT.shape[0]
   rng, sub = split_keys(rng, 2)
@@ -138,10 +145,12 @@ def initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampl
   emit_B = first_ok_B & (max_new_B > 0)
   tokens_BxW = jnp.full((b, width), -1, jnp.int32).at[:, 0].set(jnp.where(emit_B, first_B, -1))
   num_generated_B = emit_B.astype(jnp.int32)
-  logprobs_BxW = None
+  logprobs_buffer = None
   if logprobs:
-    logprobs_BxW = jnp.zeros((b, width), jnp.float32).at[:, 0].set(
-        token_logprobs(first_logits_BxV[:, None], first_B[:, None])[:, 0])
+    logprobs_buffer = token_logprobs.write(
+        token_logprobs.empty_buffer(b, width, top_logprobs), jnp.arange(b)[:, None],
+        jnp.zeros((b, 1), jnp.int32),
+        token_logprobs.token_logprobs(first_logits_BxV[:, None], first_B[:, None], top_logprobs))
   _, stopped_B = keep_until_stop(host, tokens_BxW, jnp.zeros_like(num_generated_B),
                                  num_generated_B)
   emit(host, tokens_BxW, jnp.zeros_like(num_generated_B), num_generated_B)
@@ -164,15 +173,16 @@ def initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampl
                         accepted_per_position_BxK=jnp.zeros((b, depth), jnp.int32),
                         asd_exceptions_B=zeros_B, asd_spent_B=jnp.zeros((b,), jnp.float32)),
       target_cache=target_cache, drafter_state=drafter_state, rng=rng,
-      history_BxS=history_BxS, logprobs_BxW=logprobs_BxW)
+      history_BxS=history_BxS, logprobs=logprobs_buffer)
 
 
 def finish(state: RoundState, max_new_tokens: int) -> SpecDecodeResult:
   keep_BxN = jnp.arange(max_new_tokens)[None] < state.num_generated_B[:, None]
   tokens_BxN = jnp.where(keep_BxN, state.tokens_BxW[:, :max_new_tokens], -1)
-  logprobs_BxN = None
-  if state.logprobs_BxW is not None:
-    logprobs_BxN = jnp.where(keep_BxN, state.logprobs_BxW[:, :max_new_tokens], 0.0)
-  return SpecDecodeResult(tokens_BxN=tokens_BxN, num_generated_B=state.num_generated_B,
-                          nonfinite_B=state.nonfinite_B, stats=state.stats,
-                          logprobs_BxN=logprobs_BxN)
+  result = SpecDecodeResult(tokens_BxN=tokens_BxN, num_generated_B=state.num_generated_B,
+                            nonfinite_B=state.nonfinite_B, stats=state.stats)
+  if state.logprobs is None:
+    return result
+  lp = token_logprobs.keep_first(state.logprobs, state.num_generated_B, max_new_tokens)
+  return result.replace(logprobs_BxN=lp.chosen_BxJ, top_token_ids_BxNxL=lp.top_ids_BxJxL,
+                        top_logprobs_BxNxL=lp.top_BxJxL)

@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
                  help="with --json: each answer's token log-probabilities under the target "
                  "(raw logits, before temperature; from the verify forwards, no extra cost in "
                  "forwards)")
+  p.add_argument("--top-logprobs", type=int, default=0, metavar="L",
+                 help="with --logprobs: also the target's L most likely tokens at each output "
+                 "position, with their log-probabilities (most likely first)")
   p.add_argument("--stream", action="store_true",
                  help="print the answer as it is generated (tokens/s then include the printing)")
   spec = p.add_argument_group("speculative decoding")
@@ -155,6 +158,16 @@ def finish_reason(tokens: list[int], raw_text: str, eos, stop, nonfinite: bool) 
   return "nonfinite" if nonfinite else "length"
 
 
+def top_candidates(tokenizer, ids_NxL, logprobs_NxL) -> list[list[dict]]:
+  """Each output position's top-L list as the JSON shows it: every candidate's id, its text
+  decoded alone (OpenAI's `token`; a piece of a multi-byte character reads U+FFFD) and its
+  log-probability, most likely first."""
+  ids = np.asarray(ids_NxL).tolist()
+  texts = {i: tokenizer.decode([i]) for i in {i for row in ids for i in row}}
+  return [[{"id": i, "token": texts[i], "logprob": lp} for i, lp in zip(row_ids, row_lps)]
+          for row_ids, row_lps in zip(ids, np.asarray(logprobs_NxL).round(5).tolist())]
+
+
 def check_rows_fit(rows: list[list[int]], max_new_tokens: int, max_positions: int | None,
                    path: str) -> None:
   """Every prompt of a file is checked before the first batch decodes, so a long one on line 90
@@ -204,6 +217,11 @@ def main(argv=None):
   if args.logprobs and not args.json:
     raise ValueError("--logprobs adds each token's log-probability to the --json output; "
                      "pass --json")
+  if args.top_logprobs < 0:
+    raise ValueError(f"--top-logprobs must be >= 0, got {args.top_logprobs}")
+  if args.top_logprobs and not args.logprobs:
+    raise ValueError("--top-logprobs lists the likeliest tokens beside each token's own "
+                     "log-probability; pass --logprobs (and --json)")
   if args.stream and args.json:
     raise ValueError("--stream prints text as it arrives; it cannot be combined with --json")
   asd_config = preset_with(args.asd_preset or "paper", budget=args.budget, gate=args.gate,
@@ -251,7 +269,7 @@ def main(argv=None):
     def decode(prompt, lengths, stop):
       return plain_decode(fns, params, prompt, lengths, max_new_tokens=args.max_new_tokens,
                           eos_ids=eos, sampling=sampling, seed=args.seed, stream=stream,
-                          stop=stop, logprobs=args.logprobs)
+                          stop=stop, logprobs=args.logprobs, top_logprobs=args.top_logprobs)
   else:
     rule = args.rule or "strict"
     from models.drafter_setup import default_k, setup_drafter
@@ -269,7 +287,8 @@ def main(argv=None):
       return setup.decode(setup.target_fns, setup.target_params, setup.drafter, setup.params,
                           prompt, lengths, max_new_tokens=args.max_new_tokens, rule=rule,
                           asd_config=asd_config, sampling=sampling, eos_ids=eos,
-                          seed=args.seed, stream=stream, stop=stop, logprobs=args.logprobs)
+                          seed=args.seed, stream=stream, stop=stop, logprobs=args.logprobs,
+                          top_logprobs=args.top_logprobs)
 
   answers, results = [], []
   t0 = time.perf_counter()
@@ -288,6 +307,9 @@ def main(argv=None):
                       "nonfinite_logits": nonfinite})
       if args.logprobs:
         answers[-1]["logprobs"] = np.asarray(result.logprobs_BxN[b, :n]).round(5).tolist()
+      if args.top_logprobs:
+        answers[-1]["top_logprobs"] = top_candidates(
+            tokenizer, result.top_token_ids_BxNxL[b, :n], result.top_logprobs_BxNxL[b, :n])
   wall_s = time.perf_counter() - t0  # includes compilation unless the persistent cache had it
   if args.draft is None:
     forwards = np.concatenate([np.asarray(r.target_forwards_B) for r in results])
@@ -324,7 +346,8 @@ def main(argv=None):
   if args.json:
     print(json.dumps({"tokens": answer["tokens"], "text": answer["text"],
                       "finish_reason": answer["finish_reason"], "stats": stats,
-                      **({"logprobs": answer["logprobs"]} if args.logprobs else {})}
+                      **{key: answer[key] for key in ("logprobs", "top_logprobs")
+                         if key in answer}}
                      if messages is None else {"answers": answers, "stats": stats}))
   else:
     if messages is None:

@@ -21,7 +21,7 @@ from asd_jax.spec_sampling import Filters
 from asd_jax.sampling_keys import row_keys, split_keys
 from asd_jax.host_calls import HostCall, finish_host_calls, host_calls
 from asd_jax.stop_strings import StopArg, keep_until_stop, row_stops
-from asd_jax.token_logprobs import token_logprobs
+from asd_jax import token_logprobs
 from asd_jax.token_stream import TokenStream, check_stream, emit
 
 # XLA's copy insertion with region analysis sees that a decode loop reads each KV-cache buffer
@@ -44,6 +44,9 @@ class DecodeResult:
     when it produced the row's first token; 0 for a row with max_new_B 0).
   logprobs_BxN: with logprobs=True, each token's log-probability under the model
     (asd_jax/token_logprobs.py), 0 past num_generated_B; else None.
+  top_token_ids_BxNxL, top_logprobs_BxNxL: with top_logprobs=L > 0, the L most likely tokens
+    at each output position and their log-probabilities, most likely first (ids -1 and 0 past
+    num_generated_B); else None.
   """
 
   tokens_BxN: jax.Array
@@ -51,6 +54,8 @@ class DecodeResult:
   nonfinite_B: jax.Array
   target_forwards_B: jax.Array
   logprobs_BxN: jax.Array | None = None
+  top_token_ids_BxNxL: jax.Array | None = None
+  top_logprobs_BxNxL: jax.Array | None = None
 
 
 @flax.struct.dataclass
@@ -63,21 +68,21 @@ class _LoopState:
   forwards_B: jax.Array
   cache: object
   rng: jax.Array
-  logprobs_BxN: jax.Array | None = None  # beside tokens_BxN, with logprobs=True
+  logprobs: token_logprobs.TokenLogprobs | None = None  # beside tokens_BxN, with logprobs=True
 
 
 def _emit(state: _LoopState, logits_BxV, rng, max_new_B, eos_ids, sampling,
-          host: HostCall) -> _LoopState:
+          host: HostCall, top_logprobs: int) -> _LoopState:
   finite_B = jnp.isfinite(logits_BxV).all(axis=-1)
   token_B = select_token(logits_BxV, rng, sampling)
   write_B = ~state.done_B & finite_B
   rows = jnp.arange(token_B.shape[0])
   col_B = jnp.where(write_B, state.num_generated_B, state.tokens_BxN.shape[1])  # OOB = dropped
   tokens_BxN = state.tokens_BxN.at[rows, col_B].set(token_B, mode="drop")
-  logprobs_BxN = state.logprobs_BxN
-  if logprobs_BxN is not None:
-    logprobs_BxN = logprobs_BxN.at[rows, col_B].set(
-        token_logprobs(logits_BxV[:, None], token_B[:, None])[:, 0], mode="drop")
+  logprobs = state.logprobs
+  if logprobs is not None:
+    step = token_logprobs.token_logprobs(logits_BxV[:, None], token_B[:, None], top_logprobs)
+    logprobs = token_logprobs.write(logprobs, rows[:, None], col_B[:, None], step)
   num_generated_B = state.num_generated_B + write_B.astype(jnp.int32)
   _, stopped_B = keep_until_stop(host, tokens_BxN, state.num_generated_B, num_generated_B)
   is_eos_B = jnp.isin(token_B, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else False
@@ -86,16 +91,17 @@ def _emit(state: _LoopState, logits_BxV, rng, max_new_B, eos_ids, sampling,
             | (num_generated_B >= max_new_B))
   emit(host, tokens_BxN, state.num_generated_B, num_generated_B)
   return state.replace(tokens_BxN=tokens_BxN, num_generated_B=num_generated_B, done_B=done_B,
-                       nonfinite_B=nonfinite_B, logprobs_BxN=logprobs_BxN,
+                       nonfinite_B=nonfinite_B, logprobs=logprobs,
                        forwards_B=state.forwards_B + (~state.done_B).astype(jnp.int32))
 
 
 @functools.partial(jax.jit, static_argnames=("fns", "max_new_tokens", "capacity", "eos_ids",
-                                             "logprobs"),
+                                             "logprobs", "top_logprobs"),
                    compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
 def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_B, rng, *,
                   max_new_tokens: int, capacity: int, eos_ids: tuple[int, ...],
-                  sampling: Filters, host: HostCall, logprobs: bool) -> DecodeResult:
+                  sampling: Filters, host: HostCall, logprobs: bool,
+                  top_logprobs: int) -> DecodeResult:
   b = prompt_BxT.shape[0]
   cache = fns.init_cache(b, capacity)
   logits_BxV, _, cache = fns.prefill(params, prompt_BxT, lengths_B, cache)
@@ -109,8 +115,9 @@ def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_
       nonfinite_B=jnp.zeros((b,), bool),
       forwards_B=jnp.zeros((b,), jnp.int32),
       cache=cache, rng=rng,
-      logprobs_BxN=jnp.zeros((b, max_new_tokens), jnp.float32) if logprobs else None)
-  state = _emit(state, logits_BxV, sub, max_new_B, eos_ids, sampling, host)
+      logprobs=(token_logprobs.empty_buffer(b, max_new_tokens, top_logprobs) if logprobs
+                else None))
+  state = _emit(state, logits_BxV, sub, max_new_B, eos_ids, sampling, host, top_logprobs)
 
   def cond(s: _LoopState):
     return (s.step < max_new_tokens - 1) & ~jnp.all(s.done_B)
@@ -125,19 +132,25 @@ def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_
     check_logits(fns, logits_Bx1xV, (b, 1, fns.vocab_size), "forward")
     rng, sub = split_keys(s.rng, 2)
     s = s.replace(step=s.step + 1, cache=cache, rng=rng)
-    return _emit(s, logits_Bx1xV[:, 0], sub, max_new_B, eos_ids, sampling, host)
+    return _emit(s, logits_Bx1xV[:, 0], sub, max_new_B, eos_ids, sampling, host, top_logprobs)
 
   state = jax.lax.while_loop(cond, body, state)
-  return DecodeResult(tokens_BxN=state.tokens_BxN, num_generated_B=state.num_generated_B,
-                      nonfinite_B=state.nonfinite_B, target_forwards_B=state.forwards_B,
-                      logprobs_BxN=state.logprobs_BxN)
+  result = DecodeResult(tokens_BxN=state.tokens_BxN, num_generated_B=state.num_generated_B,
+                        nonfinite_B=state.nonfinite_B, target_forwards_B=state.forwards_B)
+  if state.logprobs is None:
+    return result
+  # Written only where a token was: entries past num_generated_B are still the buffer's empty.
+  lp = state.logprobs
+  return result.replace(logprobs_BxN=lp.chosen_BxJ, top_token_ids_BxNxL=lp.top_ids_BxJxL,
+                        top_logprobs_BxNxL=lp.top_BxJxL)
 
 
 def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_new_tokens: int,
                  eos_ids=(), sampling: SamplingConfig = SamplingConfig(), seed: int = 0,
                  max_new_B=None, capacity: int | None = None,
                  stream: TokenStream | None = None,
-                 stop: StopArg = None, logprobs: bool = False) -> DecodeResult:
+                 stop: StopArg = None, logprobs: bool = False,
+                 top_logprobs: int = 0) -> DecodeResult:
   """Generates up to `max_new_tokens` tokens per row (jitted, on device).
 
   Args:
@@ -156,6 +169,8 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
       with the token that completes one of its stop strings in its text.
     logprobs: also return each token's log-probability under the model
       (DecodeResult.logprobs_BxN; asd_jax/token_logprobs.py).
+    top_logprobs: with logprobs, also the L most likely tokens at each position and their
+      log-probabilities (DecodeResult.top_token_ids_BxNxL / top_logprobs_BxNxL).
   """
   request_checks.check_type("fns", fns, LanguageModelFns)
   request_checks.check_type("sampling", sampling, SamplingConfig)
@@ -167,11 +182,12 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
       window_needs=fns.max_positions, model=fns.name)
   request_checks.check_param_shapes("params", params, fns.param_shapes, fns.name)
   check_stream(stream)
-  request_checks.check_type("logprobs", logprobs, bool)
+  token_logprobs.check_logprobs_request(logprobs, top_logprobs, fns.vocab_size)
   stops = row_stops(stop, prompt.shape[0])
   with host_calls(stream=stream, stop=stops) as host:
     result = _plain_decode(fns, params, jnp.asarray(prompt), jnp.asarray(lengths),
                            jnp.asarray(max_new_B), row_keys(seed, prompt.shape[0]),
                            max_new_tokens=max_new_tokens, capacity=capacity, eos_ids=eos_ids,
-                           sampling=sampling.filters(), host=host, logprobs=logprobs)
+                           sampling=sampling.filters(), host=host, logprobs=logprobs,
+                           top_logprobs=top_logprobs)
     return finish_host_calls(host, result)

@@ -35,7 +35,7 @@ from asd_jax.sampling_keys import row_keys, split_keys
 from asd_jax.spec_sampling import Filters, chain_sample_core, sample_without_draft
 from asd_jax.host_calls import HostCall, finish_host_calls, host_calls
 from asd_jax.stop_strings import StopArg, row_stops
-from asd_jax.token_logprobs import block_logprobs, token_logprobs
+from asd_jax import token_logprobs
 from asd_jax.token_stream import TokenStream, check_stream
 from asd_jax.verify_output import VerifyOutput
 
@@ -71,12 +71,12 @@ def _verify(rule, draft_BxK, draft_logits, target_logits_BxK1xV, spent_B, asd_sc
 
 @functools.partial(jax.jit, static_argnames=(
     "target", "drafter", "rule", "normalize_q", "max_new_tokens", "capacity", "eos_ids",
-    "logprobs"), compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
+    "logprobs", "top_logprobs"), compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
 def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, drafter_params,
                 prompt_BxT, lengths_B, max_new_B, asd_scalars, rng, *, rule: str,
                 sampling: Filters, normalize_q: bool, max_new_tokens: int, capacity: int,
                 eos_ids: tuple[int, ...], host: HostCall,
-                logprobs: bool) -> SpecDecodeResult:
+                logprobs: bool, top_logprobs: int) -> SpecDecodeResult:
   b = prompt_BxT.shape[0]
   k = drafter.num_draft
   target_cache = target.init_cache(b, capacity)
@@ -87,7 +87,8 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
   state = initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampling,
                         eos_ids, max_new_tokens=max_new_tokens, depth=k,
                         target_cache=target_cache, drafter_state=drafter_state,
-                        history_width=0, host=host, logprobs=logprobs)
+                        history_width=0, host=host, logprobs=logprobs,
+                        top_logprobs=top_logprobs)
 
   def cond(s: RoundState):
     # Every active row commits >= 1 token per round, so max_new_tokens rounds always suffice.
@@ -107,8 +108,9 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
     verdict = _as_verdict(verdict)
     lp_BxK1 = None
     if logprobs:
-      lp_BxK1 = jnp.pad(block_logprobs(target_logits, draft_BxW, verdict.num_accepted,
-                                       verdict.next_token), ((0, 0), (0, k - width)))
+      lp_BxK1 = token_logprobs.pad_positions(token_logprobs.block_logprobs(
+          target_logits, draft_BxW, verdict.num_accepted, verdict.next_token, top_logprobs),
+          k + 1)
     return target_cache, verdict, lp_BxK1
 
   def plain_step(s: RoundState, draft_BxK, draft_logits, k_verify, lengths_B):
@@ -129,7 +131,8 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
                            nonfinite=~jnp.isfinite(logits_BxV).all(axis=-1))
     lp_BxK1 = None
     if logprobs:
-      lp_BxK1 = jnp.pad(token_logprobs(logits_Bx1xV, next_B[:, None]), ((0, 0), (0, k)))
+      lp_BxK1 = token_logprobs.pad_positions(token_logprobs.token_logprobs(
+          logits_Bx1xV, next_B[:, None], top_logprobs), k + 1)
     return target_cache, _as_verdict(verdict), lp_BxK1
 
   def body(s: RoundState):
@@ -179,7 +182,8 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
                sampling: SamplingConfig = SamplingConfig(), eos_ids=(), seed: int = 0,
                max_new_B=None, capacity: int | None = None,
                stream: TokenStream | None = None,
-               stop: StopArg = None, logprobs: bool = False) -> SpecDecodeResult:
+               stop: StopArg = None, logprobs: bool = False,
+               top_logprobs: int = 0) -> SpecDecodeResult:
   """Speculative decoding with chain drafting (jitted; one call per batch of requests).
 
   Args:
@@ -203,6 +207,9 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
       round accepted past it are dropped).
     logprobs: also return each output token's log-probability under the target
       (SpecDecodeResult.logprobs_BxN; asd_jax/token_logprobs.py), from the verify forwards.
+    top_logprobs: with logprobs, also the target's L most likely tokens at each output
+      position and their log-probabilities (SpecDecodeResult.top_token_ids_BxNxL /
+      top_logprobs_BxNxL), from the same forwards.
 
   Returns:
     SpecDecodeResult with tokens, lengths, non-finite flags and DecodeStats. Non-finite
@@ -220,12 +227,12 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
                         drafter_window=(drafter.name, drafter.max_positions))
   return run_loop(_asd_decode, target, target_params, drafter, drafter_params, req,
                   sampling=sampling, normalize_q=asd_config.normalize_q, stream=stream,
-                  stop=stop, logprobs=logprobs)
+                  stop=stop, logprobs=logprobs, top_logprobs=top_logprobs)
 
 
 def run_loop(loop, target: LanguageModelFns, target_params, drafter, drafter_params,
              req: PreparedRequest, *, sampling: SamplingConfig, normalize_q: bool,
-             stream: TokenStream | None, stop: StopArg, logprobs: bool):
+             stream: TokenStream | None, stop: StopArg, logprobs: bool, top_logprobs: int):
   """Runs a speculative decode loop (_asd_decode or tree_decode._tree_decode) on a prepared
   request: each model's params are checked to be its own (another model's fail here, naming
   the first array), the stream and stop strings are reset and their callbacks' exceptions
@@ -235,13 +242,14 @@ def run_loop(loop, target: LanguageModelFns, target_params, drafter, drafter_par
   request_checks.check_param_shapes("drafter_params", drafter_params, drafter.param_shapes,
                                     drafter.name)
   check_stream(stream)
-  request_checks.check_type("logprobs", logprobs, bool)
+  token_logprobs.check_logprobs_request(logprobs, top_logprobs, target.vocab_size)
   stops = row_stops(stop, req.arrays[0].shape[0])
   with host_calls(stream=stream, stop=stops) as host:
     result = loop(target, target_params, drafter, drafter_params, *req.arrays, rule=req.rule,
                   sampling=sampling.filters(), normalize_q=normalize_q,
                   max_new_tokens=req.max_new_tokens, capacity=req.capacity,
-                  eos_ids=req.eos_ids, host=host, logprobs=logprobs)
+                  eos_ids=req.eos_ids, host=host, logprobs=logprobs,
+                  top_logprobs=top_logprobs)
     return finish_host_calls(host, result)
 
 

@@ -30,7 +30,7 @@ from asd_jax.spec_decode import prepare_request, run_loop
 from asd_jax.spec_sampling import Filters, tree_sample_core
 from asd_jax.host_calls import HostCall
 from asd_jax.stop_strings import StopArg
-from asd_jax.token_logprobs import block_logprobs
+from asd_jax import token_logprobs
 from asd_jax.token_stream import TokenStream
 from asd_jax.tree_verify import tree_asd_verify_traced, tree_greedy_verify, tree_paths
 
@@ -82,12 +82,12 @@ def _verify_tree(rule, tokens, parents, draft_logits, target_logits, spent_B, as
 
 @functools.partial(jax.jit, static_argnames=(
     "target", "drafter", "rule", "normalize_q", "max_new_tokens", "capacity", "eos_ids",
-    "logprobs"), compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
+    "logprobs", "top_logprobs"), compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
 def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, drafter_params,
                  prompt_BxT, lengths_B, max_new_B, asd_scalars, rng, *, rule: str,
                  sampling: Filters, normalize_q: bool, max_new_tokens: int, capacity: int,
                  eos_ids: tuple[int, ...], host: HostCall,
-                 logprobs: bool) -> SpecDecodeResult:
+                 logprobs: bool, top_logprobs: int) -> SpecDecodeResult:
   b = prompt_BxT.shape[0]
   # A path of N nodes is at most N deep (the verifiers refuse a larger max_depth): a greedy tree
   # keeps num_nodes, which --tree 4,4,2 makes fewer than its depth; a sampled one keeps the
@@ -110,7 +110,8 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
   state = initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampling,
                         eos_ids, max_new_tokens=max_new_tokens, depth=depth,
                         target_cache=target_cache, drafter_state=drafter_state,
-                        history_width=capacity, host=host, logprobs=logprobs)
+                        history_width=capacity, host=host, logprobs=logprobs,
+                        top_logprobs=top_logprobs)
 
   def cond(s: RoundState):
     return ~jnp.all(s.done_B) & (s.round < max_new_tokens)
@@ -152,8 +153,9 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
         verdict.path, 0)], axis=1)
     lp_BxD1 = None
     if logprobs:
-      lp_BxD1 = block_logprobs(jnp.take_along_axis(target_logits, rows_BxD1[:, :, None], axis=1),
-                               path_tokens_BxD, verdict.num_accepted, verdict.next_token)
+      lp_BxD1 = token_logprobs.block_logprobs(
+          jnp.take_along_axis(target_logits, rows_BxD1[:, :, None], axis=1), path_tokens_BxD,
+          verdict.num_accepted, verdict.next_token, top_logprobs)
     if features_BxSxF is not None:
       # Keep the target's features of what was committed: the root (position n-1) and the
       # accepted path (positions n..n+a-1); the recovery/bonus token has none yet.
@@ -177,7 +179,8 @@ def asd_tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafte
                     sampling: SamplingConfig = SamplingConfig(), eos_ids=(), seed: int = 0,
                     max_new_B=None, capacity: int | None = None,
                     stream: TokenStream | None = None,
-                    stop: StopArg = None, logprobs: bool = False) -> SpecDecodeResult:
+                    stop: StopArg = None, logprobs: bool = False,
+                    top_logprobs: int = 0) -> SpecDecodeResult:
   """Tree speculative decoding; the same contract and guarantees as `asd_decode`.
 
   strict (and asd at budget 0) give exactly the target's greedy output (in bfloat16, up to
@@ -202,4 +205,4 @@ def asd_tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafte
                         drafter_window=(drafter.name, drafter.max_positions))
   return run_loop(_tree_decode, target, target_params, drafter, drafter_params, req,
                   sampling=sampling, normalize_q=asd_config.normalize_q, stream=stream,
-                  stop=stop, logprobs=logprobs)
+                  stop=stop, logprobs=logprobs, top_logprobs=top_logprobs)

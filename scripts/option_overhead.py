@@ -11,6 +11,7 @@ is decoded with and without the option, EOS ignored, `--max-new-tokens` each:
 - stop-ungated: the same stop string without that gate: the callback after every step or round.
 - stream: a TokenStream whose callback does nothing; the same callback round trip.
 - logprobs: logprobs=True; a log-softmax over the vocabulary per committed position.
+- top-logprobs: logprobs=True, top_logprobs=5; also a top-5 over the vocabulary per position.
 The two runs of an engine alternate prompt by prompt (`--passes` times over the prompts), so
 both see the same background load; the table gives tokens per second, the ratio, and the added
 milliseconds per decode step (plain: per token; speculative: per verification round). The
@@ -40,7 +41,7 @@ from models.lm_fns import decoder_fns  # noqa: E402
 from models.load import load_decoder  # noqa: E402
 from models.tokenizer import check_tokenizer_fits, encode_chat, load_tokenizer  # noqa: E402
 
-OPTIONS = ("stop", "stop-ungated", "stream", "logprobs")
+OPTIONS = ("stop", "stop-ungated", "stream", "logprobs", "top-logprobs")
 
 
 def engine_calls(args, loaded):
@@ -74,6 +75,8 @@ def option_kwargs(name: str, tokenizer, stop_text: str) -> dict:
     return {"stop": dataclasses.replace(gated, completers=None)}
   if name == "stream":
     return {"stream": TokenStream(lambda row, tokens: None)}
+  if name == "top-logprobs":
+    return {"logprobs": True, "top_logprobs": 5}
   return {"logprobs": True}
 
 

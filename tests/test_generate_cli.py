@@ -48,6 +48,10 @@ from tests.test_bench_cli import tiny_target  # noqa: F401  (module fixture)
     (["--prompt", "hi", "--stop", "x", "--stop", ""], "--stop '' would end every answer"),
     (["--prompt", "hi", "--logprobs"], "--logprobs adds each token's log-probability to the "
      "--json output; pass --json"),
+    (["--prompt", "hi", "--json", "--top-logprobs", "3"], "--top-logprobs lists the likeliest "
+     "tokens beside each token's own log-probability; pass --logprobs (and --json)"),
+    (["--prompt", "hi", "--json", "--logprobs", "--top-logprobs", "-1"],
+     "--top-logprobs must be >= 0, got -1"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
   with pytest.raises(SystemExit) as e:
@@ -324,6 +328,18 @@ def test_logprobs_come_with_each_answer(tiny_target, tmp_path, capsys):  # noqa:
   spec = run("--prompt", lines[0], "--draft", "ngram", "--k", "3")
   assert spec["tokens"] == plain["tokens"]
   assert spec["logprobs"] == pytest.approx(plain["logprobs"], abs=1e-3)
-  batched = run("--prompts-file", str(tmp_path / "q.txt"), "--batch-size", "2")["answers"]
+  assert "top_logprobs" not in plain
+  batched = run("--prompts-file", str(tmp_path / "q.txt"), "--batch-size", "2",
+                "--top-logprobs", "3")["answers"]
   assert batched[0]["logprobs"] == pytest.approx(plain["logprobs"], abs=1e-3)
   assert len(batched[1]["logprobs"]) == len(batched[1]["tokens"])
+  # --top-logprobs: greedy decoding's token is the first candidate, with its own log p.
+  from models.tokenizer import load_tokenizer
+  tokenizer = load_tokenizer(str(tiny_target))
+  for answer in batched:
+    assert len(answer["top_logprobs"]) == len(answer["tokens"])
+    for token, lp, top in zip(answer["tokens"], answer["logprobs"], answer["top_logprobs"]):
+      assert len(top) == 3
+      assert top[0]["id"] == token and top[0]["logprob"] == pytest.approx(lp, abs=1e-4)
+      assert [c["logprob"] for c in top] == sorted((c["logprob"] for c in top), reverse=True)
+      assert all(c["token"] == tokenizer.decode([c["id"]]) for c in top)

@@ -1,5 +1,6 @@
 """logprobs=True: every engine returns each output token's log-probability under the target,
-equal to one teacher-forced forward over prompt + output, whatever rule committed the token."""
+equal to one teacher-forced forward over prompt + output, whatever rule committed the token;
+top_logprobs=L adds the L most likely tokens of that forward at each output position."""
 
 import jax
 import jax.numpy as jnp
@@ -24,18 +25,19 @@ _FNS, _PARAMS = decoder_fns(_TARGET)
 _, _DRAFT_PARAMS = decoder_fns(perturbed_copy(_TARGET, 0.5, seed=5))
 _CHAIN = lm_chain_drafter(_FNS, 3)
 _TREE = lm_tree_drafter(_FNS, TreeShape(depth=3, top_k=2, num_nodes=6))
-_LOOSE_ASD = ASDConfig(budget=50.0, gate=0.0, max_exceptions=3)
+# Gate 0 would be strict (spec: r_i / q_i <= g); a wide gate lets ASD commit mismatches.
+_LOOSE_ASD = ASDConfig(budget=50.0, gate=10.0, max_exceptions=3)
 
 
 def _teacher_forced(prompt, output) -> np.ndarray:
-  """log p(output[i] | prompt, output[:i]) from one causal forward."""
+  """log p(. | prompt, output[:i]) for each output position i (rows of V) from one causal
+  forward."""
   seq = np.array([list(prompt) + list(output)], np.int32)
   w = seq.shape[1]
   logits, _, _ = _FNS.forward(_PARAMS, seq, jnp.arange(w, dtype=jnp.int32)[None],
                               _FNS.init_cache(1, w))
   logp = jax.nn.log_softmax(np.asarray(logits[0], np.float32), axis=-1)
-  rows = np.arange(len(prompt) - 1, w - 1)
-  return np.asarray(logp)[rows, np.array(output)]
+  return np.asarray(logp)[len(prompt) - 1:w - 1]
 
 
 def _engine(name):
@@ -51,27 +53,46 @@ def _engine(name):
     ("tree", "strict"), ("tree", "asd"), ("tree", "sample")])
 def test_logprobs_equal_a_teacher_forced_forward(engine, rule):
   prompt, lengths = random_prompts(np.random.RandomState(0), 3, 9, VOCAB)
+  top = 4
   kw = dict(prompt_BxT=prompt, lengths_B=lengths, max_new_tokens=16, logprobs=True,
-            max_new_B=np.array([16, 11, 16], np.int32))
+            top_logprobs=top, max_new_B=np.array([16, 11, 16], np.int32))
   if rule is not None:
     kw.update(rule=rule, asd_config=_LOOSE_ASD)
   if rule == "sample":
     kw.update(sampling=SamplingConfig(temperature=0.8, top_k=20), seed=3)
   result = _engine(engine)(**kw)
   assert result.logprobs_BxN.shape == (3, 16) and result.logprobs_BxN.dtype == jnp.float32
+  assert result.top_token_ids_BxNxL.shape == (3, 16, top)
+  assert result.top_token_ids_BxNxL.dtype == jnp.int32
+  assert result.top_logprobs_BxNxL.shape == (3, 16, top)
   below_argmax = 0
   for b in range(3):
     n = int(result.num_generated_B[b])
     output = np.asarray(result.tokens_BxN[b, :n]).tolist()
     got = np.asarray(result.logprobs_BxN[b])
-    expected = _teacher_forced(prompt[b, :lengths[b]].tolist(), output)
+    logp_NxV = _teacher_forced(prompt[b, :lengths[b]].tolist(), output)
+    expected = logp_NxV[np.arange(n), output]
     np.testing.assert_allclose(got[:n], expected, atol=2e-4, err_msg=f"row {b}")
     assert (got[n:] == 0).all()
     assert (got[:n] <= 0).all()
-    below_argmax += int((expected < -1e-3).sum())
+    below_argmax += int((expected < logp_NxV.max(axis=1) - 1e-3).sum())
+    # The top L: the forward's L largest log p, most likely first, and each id's own log p
+    # (near-ties may order two ids either way; their values still match).
+    top_ids = np.asarray(result.top_token_ids_BxNxL[b])
+    top_lp = np.asarray(result.top_logprobs_BxNxL[b])
+    np.testing.assert_allclose(top_lp[:n], -np.sort(-logp_NxV, axis=1)[:, :top], atol=2e-4,
+                               err_msg=f"row {b}")
+    np.testing.assert_allclose(top_lp[:n], np.take_along_axis(logp_NxV, top_ids[:n], axis=1),
+                               atol=2e-4, err_msg=f"row {b}")
+    assert (np.diff(top_lp[:n], axis=1) <= 0).all()
+    assert (top_ids[n:] == -1).all() and (top_lp[n:] == 0).all()
+    if rule in (None, "strict"):  # greedy: each token is the target's argmax
+      assert (top_ids[:n, 0] == output).all()
   if rule in ("asd", "sample"):
     # Tokens the target did not find most likely were committed: a check that could fail.
     assert below_argmax > 0
+  else:
+    assert below_argmax == 0
 
 
 def test_logprobs_stop_with_the_tokens_at_a_stop_string():
@@ -93,6 +114,16 @@ def test_without_logprobs_there_are_none_and_a_wrong_flag_is_refused():
   assert plain_decode(_FNS, _PARAMS, prompt, lengths, max_new_tokens=3).logprobs_BxN is None
   assert asd_decode(_FNS, _PARAMS, _CHAIN, _DRAFT_PARAMS, prompt, lengths,
                     max_new_tokens=3).logprobs_BxN is None
+  assert plain_decode(_FNS, _PARAMS, prompt, lengths, max_new_tokens=3,
+                      logprobs=True).top_logprobs_BxNxL is None
+  bad = [(dict(logprobs="yes"), TypeError, "logprobs must be bool"),
+         (dict(logprobs=True, top_logprobs=True), TypeError, "top_logprobs must be int"),
+         (dict(logprobs=True, top_logprobs=2.0), TypeError, "top_logprobs must be int"),
+         (dict(logprobs=True, top_logprobs=-1), ValueError, "top_logprobs must be >= 0"),
+         (dict(logprobs=True, top_logprobs=VOCAB + 1), ValueError,
+          f"more than the vocabulary's {VOCAB} tokens"),
+         (dict(top_logprobs=3), ValueError, "needs logprobs=True")]
   for engine in ("plain", "chain", "tree"):
-    with pytest.raises(TypeError, match="logprobs must be bool"):
-      _engine(engine)(prompt_BxT=prompt, lengths_B=lengths, max_new_tokens=3, logprobs="yes")
+    for flags, error, message in bad:
+      with pytest.raises(error, match=message):
+        _engine(engine)(prompt_BxT=prompt, lengths_B=lengths, max_new_tokens=3, **flags)
