@@ -32,6 +32,6 @@ def _engine_loops(loop, fns, params, drafter, draft_params, platform, *, lookahe
   lowered = loop.trace(
       fns, params, drafter, draft_params, *req.arrays, rule=req.rule,
       sampling=sampling.filters(), normalize_q=False, max_new_tokens=req.max_new_tokens,
-      capacity=req.capacity, eos_ids=req.eos_ids, host=NO_HOST_CALL, logprobs=False).lower(
-          lowering_platforms=(platform,))
+      capacity=req.capacity, eos_ids=req.eos_ids, host=NO_HOST_CALL, logprobs=False,
+      top_logprobs=0).lower(lowering_platforms=(platform,))
   return lowered.as_text().count("stablehlo.while")

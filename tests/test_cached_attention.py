@@ -88,7 +88,8 @@ def test_plain_decoding_updates_the_cache_in_place(host_hook):
   text = _plain_decode.lower(
       _FNS, _PARAMS, jnp.ones((1, 8), jnp.int32), jnp.array([8]), jnp.array([32]), row_keys(0, 1),
       max_new_tokens=32, capacity=_CAPACITY, eos_ids=(), sampling=SamplingConfig().filters(),
-      host=host, logprobs=host_hook == "logprobs").compile().as_text()
+      host=host, logprobs=host_hook == "logprobs",
+      top_logprobs=3 if host_hook == "logprobs" else 0).compile().as_text()
   assert _cache_copies_outside_entry(text, _SHAPES) == 0
 
 
@@ -102,6 +103,7 @@ def test_chain_speculative_decoding_updates_the_target_cache_in_place():
   text = _asd_decode.lower(_FNS, _PARAMS, drafter, drafter_params, *req.arrays, rule="strict",
                            sampling=SamplingConfig().filters(), normalize_q=False,
                            max_new_tokens=32, capacity=_CAPACITY, eos_ids=(),
-                           host=NO_HOST_CALL, logprobs=False).compile().as_text()
+                           host=NO_HOST_CALL, logprobs=False,
+                           top_logprobs=0).compile().as_text()
   # Target and drafter share the tiny model's shapes, so this covers both caches.
   assert _cache_copies_outside_entry(text, _SHAPES) == 0
