@@ -52,13 +52,15 @@ def token_logprobs(logits_BxJxV: jax.Array, tokens_BxJ: jax.Array,
   """log softmax(logits) at each position's token, and its top `top_logprobs` entries (a token
   outside the vocab, such as a non-finite row's -1, reads some entry: the caller masks those
   rows)."""
-  logp_BxJxV = jax.nn.log_softmax(logits_BxJxV.astype(jnp.float32), axis=-1)
-  chosen_BxJ = jnp.take_along_axis(logp_BxJxV, jnp.maximum(tokens_BxJ, 0)[..., None],
-                                   axis=-1)[..., 0]
+  logits = logits_BxJxV.astype(jnp.float32)
+  log_norm_BxJ = jax.nn.logsumexp(logits, axis=-1)
+  picked_BxJ = jnp.take_along_axis(logits, jnp.maximum(tokens_BxJ, 0)[..., None], axis=-1)[..., 0]
+  chosen_BxJ = picked_BxJ - log_norm_BxJ
   if not top_logprobs:
     return TokenLogprobs(chosen_BxJ)
-  top_BxJxL, top_ids_BxJxL = jax.lax.top_k(logp_BxJxV, top_logprobs)
-  return TokenLogprobs(chosen_BxJ, top_ids_BxJxL.astype(jnp.int32), top_BxJxL)
+  top_logits_BxJxL, top_ids_BxJxL = jax.lax.top_k(logits, top_logprobs)
+  return TokenLogprobs(chosen_BxJ, top_ids_BxJxL.astype(jnp.int32),
+                       top_logits_BxJxL - log_norm_BxJ[..., None])
 
 
 def block_logprobs(logits_BxJxV: jax.Array, draft_BxD: jax.Array, num_accepted_B: jax.Array,

@@ -1,15 +1,34 @@
 """Process-wide settings and housekeeping for every test worker."""
 
+import atexit
 import gc
 import os
+import shutil
+import tempfile
 
 import pytest
 
 # Tests that need several devices set this before importing jax; keep the default elsewhere.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# In-process CLI calls would switch on jax's persistent compilation cache for the whole worker
-# (see asd_jax.cli_common.enable_compilation_cache); tests compile afresh instead.
+# In-process CLI calls would point jax's persistent compilation cache at the user's cache folder
+# for the whole worker (asd_jax.cli_common.enable_compilation_cache); they leave it alone here.
 os.environ.setdefault("ASD_JAX_COMPILATION_CACHE", "0")
+# Instead each test process keeps the programs it compiles in a folder of its own, deleted at
+# exit, which the subprocesses it starts inherit. A test that calls a CLI several times builds
+# new model functions each call, so jit's in-memory cache misses and XLA would compile the same
+# program again (tests/test_generate_cli.py's prompts-file test: 76 s -> 47 s); so do the
+# training runs that a resume test starts one after another. One folder per process, because
+# jax writes an entry without a lock and two pytest-xdist workers could read a half-written one.
+# Programs with host callbacks (streams, stop strings) are never cached (jax's rule).
+# A folder set by the caller is kept; one inherited from a parent test process (pytest-xdist's
+# controller starts the workers) is replaced.
+_INHERITED = "ASD_JAX_TESTS_XLA_CACHE"
+if os.environ.get("JAX_COMPILATION_CACHE_DIR") in (None, os.environ.get(_INHERITED)):
+  _COMPILED = tempfile.mkdtemp(prefix="asd-jax-tests-xla-")
+  atexit.register(shutil.rmtree, _COMPILED, ignore_errors=True)
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ[_INHERITED] = _COMPILED
+  # Skips the many small eager programs, whose compile costs less than an entry's write.
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.25")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -26,6 +45,19 @@ def _release_compiled_programs():
   import jax
   jax.clear_caches()
   gc.collect()
+
+
+@pytest.fixture(scope="module")
+def no_compilation_cache_writes():
+  """For a module whose programs close over large arrays: XLA bakes them in as constants, and
+  writing such a program to the persistent cache (serialize, zlib, ~80 MB each for
+  tests/test_weight_blocks.py's 49152-row head) took longer than compiling it: 22 s -> 96 s.
+  Reads stay on."""
+  import jax
+  before = jax.config.jax_persistent_cache_min_compile_time_secs
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", float("inf"))
+  yield
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", before)
 
 
 @pytest.fixture

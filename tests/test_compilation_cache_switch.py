@@ -14,6 +14,7 @@ PROBE = ("import jax; from asd_jax.cli_common import enable_compilation_cache; "
 
 def _probe(tmp_path, switch):
   env = dict(os.environ, ASD_JAX_CACHE_DIR=str(tmp_path), ASD_JAX_COMPILATION_CACHE=switch)
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)  # tests/conftest.py's own folder for the suite
   return subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
                         timeout=120)
 

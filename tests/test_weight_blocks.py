@@ -13,8 +13,9 @@ from models.hf_params import attach_weight_blocks
 from models.kv_cache import KVCache
 from models.load import load_decoder
 
-pytestmark = pytest.mark.skipif(not frm.native_available(),
-                                reason="no C++ compiler for the native kernel")
+pytestmark = [pytest.mark.skipif(not frm.native_available(),
+                                 reason="no C++ compiler for the native kernel"),
+              pytest.mark.usefixtures("no_compilation_cache_writes")]
 
 Q = gguf.GGMLQuantizationType
 
