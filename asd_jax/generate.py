@@ -164,8 +164,10 @@ def top_candidates(tokenizer, ids_NxL, logprobs_NxL) -> list[list[dict]]:
   log-probability, most likely first."""
   ids = np.asarray(ids_NxL).tolist()
   texts = {i: tokenizer.decode([i]) for i in {i for row in ids for i in row}}
+  # Rounded as float64: float32 values would print as 0.019670000299811363.
+  lps = np.asarray(logprobs_NxL, np.float64).round(5).tolist()
   return [[{"id": i, "token": texts[i], "logprob": lp} for i, lp in zip(row_ids, row_lps)]
-          for row_ids, row_lps in zip(ids, np.asarray(logprobs_NxL).round(5).tolist())]
+          for row_ids, row_lps in zip(ids, lps)]
 
 
 def check_rows_fit(rows: list[list[int]], max_new_tokens: int, max_positions: int | None,
@@ -306,7 +308,8 @@ def main(argv=None):
                       "finish_reason": finish_reason(tokens, text, eos, stop, nonfinite),
                       "nonfinite_logits": nonfinite})
       if args.logprobs:
-        answers[-1]["logprobs"] = np.asarray(result.logprobs_BxN[b, :n]).round(5).tolist()
+        answers[-1]["logprobs"] = np.asarray(result.logprobs_BxN[b, :n],
+                                             np.float64).round(5).tolist()
       if args.top_logprobs:
         answers[-1]["top_logprobs"] = top_candidates(
             tokenizer, result.top_token_ids_BxNxL[b, :n], result.top_logprobs_BxNxL[b, :n])
