@@ -158,16 +158,20 @@ def finish_reason(tokens: list[int], raw_text: str, eos, stop, nonfinite: bool) 
   return "nonfinite" if nonfinite else "length"
 
 
+def json_logprobs(values) -> list:
+  """Log-probabilities as the JSON shows them: 5 decimals, rounded as float64 (float32 values
+  would print as -0.019670000299811363)."""
+  return np.asarray(values, np.float64).round(5).tolist()
+
+
 def top_candidates(tokenizer, ids_NxL, logprobs_NxL) -> list[list[dict]]:
   """Each output position's top-L list as the JSON shows it: every candidate's id, its text
   decoded alone (OpenAI's `token`; a piece of a multi-byte character reads U+FFFD) and its
   log-probability, most likely first."""
   ids = np.asarray(ids_NxL).tolist()
   texts = {i: tokenizer.decode([i]) for i in {i for row in ids for i in row}}
-  # Rounded as float64: float32 values would print as 0.019670000299811363.
-  lps = np.asarray(logprobs_NxL, np.float64).round(5).tolist()
   return [[{"id": i, "token": texts[i], "logprob": lp} for i, lp in zip(row_ids, row_lps)]
-          for row_ids, row_lps in zip(ids, lps)]
+          for row_ids, row_lps in zip(ids, json_logprobs(logprobs_NxL))]
 
 
 def check_rows_fit(rows: list[list[int]], max_new_tokens: int, max_positions: int | None,
@@ -308,8 +312,7 @@ def main(argv=None):
                       "finish_reason": finish_reason(tokens, text, eos, stop, nonfinite),
                       "nonfinite_logits": nonfinite})
       if args.logprobs:
-        answers[-1]["logprobs"] = np.asarray(result.logprobs_BxN[b, :n],
-                                             np.float64).round(5).tolist()
+        answers[-1]["logprobs"] = json_logprobs(result.logprobs_BxN[b, :n])
       if args.top_logprobs:
         answers[-1]["top_logprobs"] = top_candidates(
             tokenizer, result.top_token_ids_BxNxL[b, :n], result.top_logprobs_BxNxL[b, :n])

@@ -102,12 +102,10 @@ def keep_first(buffer: TokenLogprobs, num_B: jax.Array, width: int) -> TokenLogp
   """The first `width` positions, with every entry past each row's num_B reset (log p 0, ids
   -1): what a result returns."""
   keep_BxN = jnp.arange(width)[None] < num_B[:, None]
+  top_logprobs = 0 if buffer.top_ids_BxJxL is None else buffer.top_ids_BxJxL.shape[-1]
 
   def cut(x, empty):
     keep = keep_BxN.reshape(keep_BxN.shape + (1,) * (x.ndim - 2))
     return jnp.where(keep, x[:, :width], empty)
 
-  return TokenLogprobs(
-      cut(buffer.chosen_BxJ, 0.0),
-      None if buffer.top_ids_BxJxL is None else cut(buffer.top_ids_BxJxL, -1),
-      None if buffer.top_BxJxL is None else cut(buffer.top_BxJxL, 0.0))
+  return jax.tree.map(cut, buffer, empty_buffer(num_B.shape[0], width, top_logprobs))
