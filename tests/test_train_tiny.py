@@ -328,6 +328,17 @@ def test_overwrite_drops_the_offline_feature_cache(tmp_path):
   assert load_or_build(tmp_path, target, (0, 1), 16, 8, log=lambda *_: None).shape[0] == 24
 
 
+def test_a_build_leaves_no_temporary_folder(tmp_path, monkeypatch):
+  """tfds's metadata lookup for a fresh build made an empty /tmp/tmp*tfds folder and kept it."""
+  import tempfile
+  scratch = tmp_path / "scratch"
+  scratch.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+  write_dataset(tmp_path / "data", {"train": [([1], [2, 3])], "heldout": [([4], [5])]}, {})
+  assert len(open_split(tmp_path / "data", "train")) == 1
+  assert not list(scratch.iterdir())
+
+
 def test_an_interrupted_build_is_not_a_dataset(tmp_path, capsys):
   from vsd_jax.build_dataset import build, main
   from vsd_jax.dataset_builder import dataset_metadata

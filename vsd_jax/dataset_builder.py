@@ -45,6 +45,14 @@ def _builder_class():
   if cls is not None:
     return cls
 
+  class LocalDatasetInfo(tfds.core.DatasetInfo):
+    # A builder whose folder holds no dataset_info.json yet (every fresh build) asks
+    # `initialize_from_bucket` for published metadata; tfds's version makes an empty temporary
+    # folder first and never removes it (one leaked /tmp/tmp*tfds per build). This dataset is
+    # local only, so there is nothing to fetch.
+    def initialize_from_bucket(self) -> None:
+      return None
+
   class TargetResponses(tfds.core.GeneratorBasedBuilder):
     """Prompts answered by a frozen target with greedy decoding (token ids + loss masks)."""
 
@@ -67,7 +75,7 @@ def _builder_class():
       super().__init__(**kwargs)
 
     def _info(self):
-      return tfds.core.DatasetInfo(
+      return LocalDatasetInfo(
           builder=self,
           description=__doc__,
           features=tfds.features.FeaturesDict({
