@@ -268,10 +268,10 @@ def test_vsd_continue_trains_and_needs_the_data_oracle(tiny):
   cfg = dataclasses.replace(trainer.cfg, vsd_continue=True)
   obj = make_vsd_objective(cfg, trainer.target.model, response_token_counts(
       trainer.data_dir, trainer.target.cfg.vocab_size))
-  (loss, m), g = jax.value_and_grad(obj.loss_fn, has_aux=True)(
+  (loss, m), g = jax.jit(jax.value_and_grad(obj.loss_fn, has_aux=True))(
       trainer.state.params, trainer.frozen, batch, jax.random.key(3))
-  _, m_stop = trainer.objective.loss_fn(trainer.state.params, trainer.frozen, batch,
-                                        jax.random.key(3))
+  _, m_stop = jax.jit(trainer.objective.loss_fn)(trainer.state.params, trainer.frozen, batch,
+                                                 jax.random.key(3))
   assert np.isfinite(float(loss)) and obj.describe["vsd_continue"] is True
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(g))
   assert float(m["loss_wl"]) > float(m_stop["loss_wl"])  # the continuation adds labels
@@ -283,7 +283,7 @@ def test_vsd_continue_trains_and_needs_the_data_oracle(tiny):
 def test_vsd_loss_gradients_are_finite_and_reach_every_parameter(tiny):
   trainer, batch = tiny
   obj = trainer.objective
-  (loss, metrics), grads = jax.value_and_grad(obj.loss_fn, has_aux=True)(
+  (loss, metrics), grads = jax.jit(jax.value_and_grad(obj.loss_fn, has_aux=True))(
       trainer.state.params, trainer.frozen, batch, jax.random.key(7))
   assert np.isfinite(float(loss))
   for name in ("loss_div", "loss_wl", "loss_car", "vsd_utility", "vsd_confidence"):
@@ -297,7 +297,8 @@ def test_vsd_loss_gradients_are_finite_and_reach_every_parameter(tiny):
   from vsd_jax.data import response_token_counts
   wl_only = make_vsd_objective(cfg_wl, trainer.target.model, response_token_counts(
       trainer.data_dir, trainer.target.cfg.vocab_size))
-  g = jax.grad(lambda p: wl_only.loss_fn(p, trainer.frozen, batch, jax.random.key(7))[0])(
+  key = jax.random.key(7)
+  g = jax.jit(jax.grad(lambda p: wl_only.loss_fn(p, trainer.frozen, batch, key)[0]))(
       trainer.state.params)
   assert float(sum(jnp.abs(x).sum() for x in jax.tree_util.tree_leaves(g))) > 0
 
@@ -417,14 +418,15 @@ def test_expected_utility_trains_and_needs_the_target_oracle(tiny):
   cfg = dataclasses.replace(trainer.cfg, vsd_oracle="target", vsd_utility="expected")
   obj = make_vsd_objective(cfg, trainer.target.model, response_token_counts(
       trainer.data_dir, trainer.target.cfg.vocab_size))
-  (loss, m), g = jax.value_and_grad(obj.loss_fn, has_aux=True)(
+  (loss, m), g = jax.jit(jax.value_and_grad(obj.loss_fn, has_aux=True))(
       trainer.state.params, trainer.frozen, batch, jax.random.key(3))
   assert np.isfinite(float(loss)) and obj.describe["vsd_utility"] == "expected"
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(g))
   accepted = make_vsd_objective(dataclasses.replace(cfg, vsd_utility="accepted"),
                                 trainer.target.model, response_token_counts(
                                     trainer.data_dir, trainer.target.cfg.vocab_size))
-  _, m_acc = accepted.loss_fn(trainer.state.params, trainer.frozen, batch, jax.random.key(3))
+  _, m_acc = jax.jit(accepted.loss_fn)(trainer.state.params, trainer.frozen, batch,
+                                       jax.random.key(3))
   # Same proposals and corrected paths; only the weights differ.
   assert float(m["loss_wl"]) != float(m_acc["loss_wl"])
   np.testing.assert_allclose(float(m["loss_car"]), float(m_acc["loss_car"]), rtol=1e-6)
@@ -441,10 +443,10 @@ def test_vsd_with_the_target_oracle_trains(tiny):
   from vsd_jax.data import response_token_counts
   obj = make_vsd_objective(cfg, trainer.target.model, response_token_counts(
       trainer.data_dir, trainer.target.cfg.vocab_size))
-  (loss, m), g = jax.value_and_grad(obj.loss_fn, has_aux=True)(
+  (loss, m), g = jax.jit(jax.value_and_grad(obj.loss_fn, has_aux=True))(
       trainer.state.params, trainer.frozen, batch, jax.random.key(3))
-  (loss_d, m_d) = trainer.objective.loss_fn(trainer.state.params, trainer.frozen, batch,
-                                            jax.random.key(3))
+  (loss_d, m_d) = jax.jit(trainer.objective.loss_fn)(trainer.state.params, trainer.frozen,
+                                                      batch, jax.random.key(3))
   assert np.isfinite(float(loss))
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(g))
   # Same proposals (same key); on greedy data the utilities agree up to the data's end.
