@@ -131,6 +131,26 @@ def tiny(tmp_path_factory):
   trainer.close()
 
 
+def _objective(trainer, cfg):
+  """The VSD objective for settings `cfg`, on the fixture's target and data."""
+  from vsd_jax.data import response_token_counts
+  from vsd_jax.vsd_objective import make_vsd_objective
+  return make_vsd_objective(cfg, trainer.target.model, response_token_counts(
+      trainer.data_dir, trainer.target.cfg.vocab_size))
+
+
+def _loss(obj, trainer, batch, seed):
+  """(loss, metrics) at the fixture's parameters, compiled as one program: run op by op, the
+  objective compiled ~1,200 one-op programs."""
+  return jax.jit(obj.loss_fn)(trainer.state.params, trainer.frozen, batch, jax.random.key(seed))
+
+
+def _loss_and_grads(obj, trainer, batch, seed):
+  """((loss, metrics), gradients) at the fixture's parameters, compiled as one program."""
+  return jax.jit(jax.value_and_grad(obj.loss_fn, has_aux=True))(
+      trainer.state.params, trainer.frozen, batch, jax.random.key(seed))
+
+
 def _forward_and_paths(trainer, batch, proposal, num_paths, depth, key):
   """The E-step's pieces outside the loss: TTT forward, positions, rollout, oracle."""
   from vsd_jax.eagle3_ttt import eagle3_training
@@ -263,15 +283,9 @@ def test_continued_paths_are_the_oracle_chain_under_every_weight(tiny):
 
 def test_vsd_continue_trains_and_needs_the_data_oracle(tiny):
   trainer, batch = tiny
-  from vsd_jax.vsd_objective import make_vsd_objective
-  from vsd_jax.data import response_token_counts
-  cfg = dataclasses.replace(trainer.cfg, vsd_continue=True)
-  obj = make_vsd_objective(cfg, trainer.target.model, response_token_counts(
-      trainer.data_dir, trainer.target.cfg.vocab_size))
-  (loss, m), g = jax.jit(jax.value_and_grad(obj.loss_fn, has_aux=True))(
-      trainer.state.params, trainer.frozen, batch, jax.random.key(3))
-  _, m_stop = jax.jit(trainer.objective.loss_fn)(trainer.state.params, trainer.frozen, batch,
-                                                 jax.random.key(3))
+  obj = _objective(trainer, dataclasses.replace(trainer.cfg, vsd_continue=True))
+  (loss, m), g = _loss_and_grads(obj, trainer, batch, 3)
+  _, m_stop = _loss(trainer.objective, trainer, batch, 3)
   assert np.isfinite(float(loss)) and obj.describe["vsd_continue"] is True
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(g))
   assert float(m["loss_wl"]) > float(m_stop["loss_wl"])  # the continuation adds labels
@@ -283,8 +297,7 @@ def test_vsd_continue_trains_and_needs_the_data_oracle(tiny):
 def test_vsd_loss_gradients_are_finite_and_reach_every_parameter(tiny):
   trainer, batch = tiny
   obj = trainer.objective
-  (loss, metrics), grads = jax.jit(jax.value_and_grad(obj.loss_fn, has_aux=True))(
-      trainer.state.params, trainer.frozen, batch, jax.random.key(7))
+  (loss, metrics), grads = _loss_and_grads(obj, trainer, batch, 7)
   assert np.isfinite(float(loss))
   for name in ("loss_div", "loss_wl", "loss_car", "vsd_utility", "vsd_confidence"):
     assert np.isfinite(float(metrics[name])), name
@@ -292,14 +305,9 @@ def test_vsd_loss_gradients_are_finite_and_reach_every_parameter(tiny):
   assert all(np.isfinite(np.asarray(g)).all() for g in leaves)
   assert sum(float(jnp.abs(g).sum()) > 0 for g in leaves) == len(leaves)
   # WL adds a real gradient on top of the divergence term.
-  cfg_wl = dataclasses.replace(trainer.cfg, vsd_lambda_div=0.0, vsd_car=False)
-  from vsd_jax.vsd_objective import make_vsd_objective
-  from vsd_jax.data import response_token_counts
-  wl_only = make_vsd_objective(cfg_wl, trainer.target.model, response_token_counts(
-      trainer.data_dir, trainer.target.cfg.vocab_size))
-  key = jax.random.key(7)
-  g = jax.jit(jax.grad(lambda p: wl_only.loss_fn(p, trainer.frozen, batch, key)[0]))(
-      trainer.state.params)
+  wl_only = _objective(trainer, dataclasses.replace(trainer.cfg, vsd_lambda_div=0.0,
+                                                     vsd_car=False))
+  _, g = _loss_and_grads(wl_only, trainer, batch, 7)
   assert float(sum(jnp.abs(x).sum() for x in jax.tree_util.tree_leaves(g))) > 0
 
 
@@ -413,20 +421,13 @@ def test_target_verdicts_give_the_targets_probabilities_along_the_data(tiny):
 
 def test_expected_utility_trains_and_needs_the_target_oracle(tiny):
   trainer, batch = tiny
-  from vsd_jax.vsd_objective import make_vsd_objective
-  from vsd_jax.data import response_token_counts
   cfg = dataclasses.replace(trainer.cfg, vsd_oracle="target", vsd_utility="expected")
-  obj = make_vsd_objective(cfg, trainer.target.model, response_token_counts(
-      trainer.data_dir, trainer.target.cfg.vocab_size))
-  (loss, m), g = jax.jit(jax.value_and_grad(obj.loss_fn, has_aux=True))(
-      trainer.state.params, trainer.frozen, batch, jax.random.key(3))
+  obj = _objective(trainer, cfg)
+  (loss, m), g = _loss_and_grads(obj, trainer, batch, 3)
   assert np.isfinite(float(loss)) and obj.describe["vsd_utility"] == "expected"
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(g))
-  accepted = make_vsd_objective(dataclasses.replace(cfg, vsd_utility="accepted"),
-                                trainer.target.model, response_token_counts(
-                                    trainer.data_dir, trainer.target.cfg.vocab_size))
-  _, m_acc = jax.jit(accepted.loss_fn)(trainer.state.params, trainer.frozen, batch,
-                                       jax.random.key(3))
+  accepted = _objective(trainer, dataclasses.replace(cfg, vsd_utility="accepted"))
+  _, m_acc = _loss(accepted, trainer, batch, 3)
   # Same proposals and corrected paths; only the weights differ.
   assert float(m["loss_wl"]) != float(m_acc["loss_wl"])
   np.testing.assert_allclose(float(m["loss_car"]), float(m_acc["loss_car"]), rtol=1e-6)
@@ -438,15 +439,9 @@ def test_expected_utility_trains_and_needs_the_target_oracle(tiny):
 
 def test_vsd_with_the_target_oracle_trains(tiny):
   trainer, batch = tiny
-  cfg = dataclasses.replace(trainer.cfg, vsd_oracle="target")
-  from vsd_jax.vsd_objective import make_vsd_objective
-  from vsd_jax.data import response_token_counts
-  obj = make_vsd_objective(cfg, trainer.target.model, response_token_counts(
-      trainer.data_dir, trainer.target.cfg.vocab_size))
-  (loss, m), g = jax.jit(jax.value_and_grad(obj.loss_fn, has_aux=True))(
-      trainer.state.params, trainer.frozen, batch, jax.random.key(3))
-  (loss_d, m_d) = jax.jit(trainer.objective.loss_fn)(trainer.state.params, trainer.frozen,
-                                                      batch, jax.random.key(3))
+  obj = _objective(trainer, dataclasses.replace(trainer.cfg, vsd_oracle="target"))
+  (loss, m), g = _loss_and_grads(obj, trainer, batch, 3)
+  (loss_d, m_d) = _loss(trainer.objective, trainer, batch, 3)
   assert np.isfinite(float(loss))
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(g))
   # Same proposals (same key); on greedy data the utilities agree up to the data's end.
