@@ -14,7 +14,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from asd_jax import request_checks
+from asd_jax import output_buffer, request_checks
 from asd_jax.lm_api import LanguageModelFns, check_logits
 from asd_jax.sampling import SamplingConfig, select_token
 from asd_jax.spec_sampling import Filters
@@ -157,7 +157,9 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
     prompt_BxT, lengths_B: right-padded prompt ids and their lengths (>= 1 each). The width
       T is a static shape: pad it to a bucket (asd_jax.cli_common.right_pad rounds up to a
       multiple of 32) so that prompts of nearby lengths share one compiled program.
-    max_new_tokens: size of the output buffer (static); max_new_B optionally lowers it per row.
+    max_new_tokens: tokens to generate at most (the output width); max_new_B optionally lowers
+      it per row. Requests whose max_new_tokens round up to the same multiple of 64 share one
+      compiled program (asd_jax/output_buffer.py).
     eos_ids: a row stops after emitting any of these (it is included in the output).
     sampling: greedy by default.
     seed: an int, or int[B] one per request; each row samples from its own key
@@ -187,7 +189,7 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
   with host_calls(stream=stream, stop=stops) as host:
     result = _plain_decode(fns, params, jnp.asarray(prompt), jnp.asarray(lengths),
                            jnp.asarray(max_new_B), row_keys(seed, prompt.shape[0]),
-                           max_new_tokens=max_new_tokens, capacity=capacity, eos_ids=eos_ids,
-                           sampling=sampling.filters(), host=host, logprobs=logprobs,
-                           top_logprobs=top_logprobs)
-    return finish_host_calls(host, result)
+                           max_new_tokens=output_buffer.buffer_width(max_new_tokens),
+                           capacity=capacity, eos_ids=eos_ids, sampling=sampling.filters(),
+                           host=host, logprobs=logprobs, top_logprobs=top_logprobs)
+    return output_buffer.trim(finish_host_calls(host, result), max_new_tokens)

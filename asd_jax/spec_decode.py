@@ -20,7 +20,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from asd_jax import request_checks
+from asd_jax import output_buffer, request_checks
 from asd_jax import verify_checks as checks
 from asd_jax.asd_config import PAPER, ASDConfig
 from asd_jax.asd_verify import asd_verify_traced, config_scalars
@@ -190,7 +190,9 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
     target, target_params: the target model's pure functions and parameters.
     drafter, drafter_params: a `ChainDrafter` (K = drafter.num_draft) and its parameters.
     prompt_BxT, lengths_B: right-padded prompts (each >= 1 token).
-    max_new_tokens: output buffer size (static); max_new_B optionally lowers it per row.
+    max_new_tokens: tokens to generate at most (the output width); max_new_B optionally lowers
+      it per row. Requests whose max_new_tokens round up to the same multiple of 64 share one
+      compiled program (asd_jax/output_buffer.py).
     rule: "strict" (greedy verification; output == plain greedy decoding, in bfloat16 up to
       near-ties: a K+1-token block rounds otherwise than one-token steps), "asd" (ASD with
       `asd_config`; the ledger persists across rounds for the whole request) or "sample"
@@ -247,10 +249,10 @@ def run_loop(loop, target: LanguageModelFns, target_params, drafter, drafter_par
   with host_calls(stream=stream, stop=stops) as host:
     result = loop(target, target_params, drafter, drafter_params, *req.arrays, rule=req.rule,
                   sampling=sampling.filters(), normalize_q=normalize_q,
-                  max_new_tokens=req.max_new_tokens, capacity=req.capacity,
-                  eos_ids=req.eos_ids, host=host, logprobs=logprobs,
+                  max_new_tokens=output_buffer.buffer_width(req.max_new_tokens),
+                  capacity=req.capacity, eos_ids=req.eos_ids, host=host, logprobs=logprobs,
                   top_logprobs=top_logprobs)
-    return finish_host_calls(host, result)
+    return output_buffer.trim(finish_host_calls(host, result), req.max_new_tokens)
 
 
 @dataclasses.dataclass(frozen=True)
