@@ -24,11 +24,13 @@ slots >= n, so the next round's window overwrites whatever the tree left behind.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 
+from asd_jax.drafter_api import DRAFTERS_KEPT
 from asd_jax.lm_api import LanguageModelFns
 from asd_jax.request_checks import check_positive_int, check_type
 from asd_jax.sampling import probabilities
@@ -212,14 +214,21 @@ def grow_dynamic_tree(root_logits_BxV, expand, carry_root, shape: TreeShape, sam
 
 
 def lm_tree_drafter(fns: LanguageModelFns, shape: TreeShape) -> TreeDrafter:
-  """A dynamic-tree drafter from any language model with `tree_forward` (own KV cache)."""
+  """A dynamic-tree drafter from any language model with `tree_forward` (own KV cache).
+
+  Built once per (fns, shape): calling it again returns the same drafter, so the decode loop
+  compiled for it is reused (asd_jax.drafter_api.DRAFTERS_KEPT)."""
   check_type("fns", fns, LanguageModelFns)
   if not isinstance(shape, TreeShape):
     raise TypeError(f"shape must be a TreeShape, e.g. TreeShape(depth=4, top_k=4, num_nodes=16) "
                     f"or TreeShape.parse('4,4,16'), got {shape!r}")
   if fns.tree_forward is None:
     raise ValueError(f"model {fns.name!r} has no tree_forward; it cannot draft trees")
+  return _lm_tree_drafter(fns, shape)
 
+
+@functools.lru_cache(maxsize=DRAFTERS_KEPT)
+def _lm_tree_drafter(fns: LanguageModelFns, shape: TreeShape) -> TreeDrafter:
   def prefill(params, prompt_BxT, lengths_B, capacity, features_BxTxF=None):
     cache = fns.init_cache(prompt_BxT.shape[0], capacity)
     return fns.prefill(params, prompt_BxT, lengths_B, cache)[2]

@@ -15,6 +15,7 @@ which avoids XLA's slower single-row matmul path on CPU.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
@@ -106,13 +107,26 @@ def check_proposal(drafter: ChainDrafter, draft_BxK, draft_logits, batch: int, *
                      f"propose must return draft logits float{list(want)}, got {got}")
 
 
+# A drafter is a static argument of the decode loop, compared by identity: jit compiles one
+# loop per drafter object. So a factory returns the same drafter for the same model functions
+# and settings, and a caller that builds its drafter per request (a server handler, a sweep)
+# reuses the compiled loop instead of compiling it again, seconds each time. A drafter holds
+# only functions and settings (its weights are the params argument), so keeping a few is cheap.
+DRAFTERS_KEPT = 64
+
+
 def lm_chain_drafter(fns: LanguageModelFns, num_draft: int) -> ChainDrafter:
-  """A drafter that runs a language model autoregressively for K tokens (its own KV cache)."""
+  """A drafter that runs a language model autoregressively for K tokens (its own KV cache).
+
+  Built once per (fns, K): calling it again returns the same drafter (DRAFTERS_KEPT)."""
   if not isinstance(fns, LanguageModelFns):
     raise TypeError(f"lm_chain_drafter needs a LanguageModelFns (models.lm_fns.decoder_fns), "
                     f"got {type(fns).__name__}")
-  num_draft = check_positive_int("K (draft block length)", num_draft)  # the closures use it
+  return _lm_chain_drafter(fns, check_positive_int("K (draft block length)", num_draft))
 
+
+@functools.lru_cache(maxsize=DRAFTERS_KEPT)
+def _lm_chain_drafter(fns: LanguageModelFns, num_draft: int) -> ChainDrafter:
   def prefill(params, prompt_BxT, lengths_B, capacity):
     cache = fns.init_cache(prompt_BxT.shape[0], capacity)
     _, _, cache = fns.prefill(params, prompt_BxT, lengths_B, cache)

@@ -30,10 +30,12 @@ Shape notation: B rows, T prompt width, C capacity (cache slots), K draft block 
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
-from asd_jax.drafter_api import ChainDrafter
+from asd_jax.drafter_api import DRAFTERS_KEPT, ChainDrafter
 from asd_jax.ngram_store import NgramStore, store_draft
 from asd_jax.request_checks import check_positive_int, param_shapes
 from asd_jax.spec_sampling import Filters
@@ -91,6 +93,9 @@ def ngram_drafter(num_draft: int, vocab_size: int, *, max_ngram: int = 3,
   default 2 is measured on a 2-core CPU, where verifying 4 tokens costs ~1.4 plain steps and a
   one-token match is accepted for only ~0.36 tokens per round; on an accelerator, where a
   verification costs about one step, min_ngram=1 drafts more often and pays.
+
+  Built once per settings and store: calling it again returns the same drafter, so the decode
+  loop compiled for it is reused (asd_jax.drafter_api.DRAFTERS_KEPT).
   """
   k = check_positive_int("K (draft block length)", num_draft)
   vocab_size = check_positive_int("vocab_size", vocab_size)
@@ -98,7 +103,12 @@ def ngram_drafter(num_draft: int, vocab_size: int, *, max_ngram: int = 3,
   if store is not None and store.vocab_size != vocab_size:
     raise ValueError(f"the n-gram store was built for a vocabulary of {store.vocab_size} "
                      f"tokens, the target has {vocab_size}")
+  return _ngram_drafter(k, vocab_size, min_ngram, max_ngram, store)
 
+
+@functools.lru_cache(maxsize=DRAFTERS_KEPT)  # one drafter per settings and store object
+def _ngram_drafter(k: int, vocab_size: int, min_ngram: int, max_ngram: int,
+                   store: NgramStore | None) -> ChainDrafter:
   # Without a store every draft is all or nothing; with one, the lengths a stored match of
   # min_n..max_n tokens asks for (n - 1 each, below K) are widths of their own.
   widths = () if store is None else tuple(

@@ -48,10 +48,13 @@ class StoreError(ValueError):
   """A store that does not exist, cannot be read, or belongs to another model."""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class NgramStore:
   """Per n (min_n..max_n): sorted hashes [M], n-grams [M, n], continuations [M, L] (padded
   past their end with their last token, so the loop needs no lengths).
+
+  Compared and hashed by identity (its tables are arrays): the n-gram drafter is built once
+  per store object.
 
   `tables` is a pytree of numpy arrays; it is the n-gram drafter's params, so the decode loop
   gets it as an argument instead of baking megabytes of constants into the program.

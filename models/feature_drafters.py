@@ -20,10 +20,13 @@ refused for Medusa.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from asd_jax.drafter_api import DRAFTERS_KEPT
 from asd_jax.draft_tree import TreeDrafter, TreeShape, grow_dynamic_tree
 from asd_jax.request_checks import param_shapes
 from asd_jax.sampling_keys import split_keys
@@ -32,8 +35,12 @@ from models.llama import Decoder, rms_norm
 from models.medusa import MedusaHeads, medusa_logits
 
 
+@functools.lru_cache(maxsize=DRAFTERS_KEPT)
 def eagle3_tree_drafter(fns: Eagle3Fns, shape: TreeShape) -> TreeDrafter:
-  """A dynamic-tree (EAGLE-2 style) drafter from an EAGLE-3 head; params = eagle3_fns' params."""
+  """A dynamic-tree (EAGLE-2 style) drafter from an EAGLE-3 head; params = eagle3_fns' params.
+
+  Built once per (fns, shape): calling it again returns the same drafter, so the decode loop
+  compiled for it is reused (asd_jax.drafter_api.DRAFTERS_KEPT)."""
   cfg = fns.cfg
   vocab = cfg.target_vocab_size
 

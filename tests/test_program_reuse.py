@@ -1,6 +1,8 @@
-"""Requests that differ only in max_new_tokens share one compiled decode program (the output
-buffer is bucketed; asd_jax/output_buffer.py), return the width they asked for, and generate
-exactly what a request of that length generates on its own."""
+"""What reuses a compiled decode loop instead of compiling another: requests that differ only in
+max_new_tokens (the output buffer is bucketed; asd_jax/output_buffer.py), which still return the
+width they asked for and exactly what a request of that length generates on its own; and a
+drafter built again from the same model functions and settings (the factories return the same
+drafter; asd_jax.drafter_api.DRAFTERS_KEPT)."""
 
 import numpy as np
 import pytest
@@ -8,6 +10,8 @@ import pytest
 from asd_jax import output_buffer
 from asd_jax.draft_tree import TreeShape, lm_tree_drafter
 from asd_jax.drafter_api import lm_chain_drafter
+from asd_jax.ngram_drafter import ngram_drafter
+from asd_jax.ngram_store import build_store
 from asd_jax.plain_decode import _plain_decode, plain_decode
 from asd_jax.spec_decode import _asd_decode, asd_decode
 from asd_jax.tree_decode import _tree_decode, asd_tree_decode
@@ -52,3 +56,29 @@ def test_lengths_in_one_bucket_share_a_program_and_keep_their_width(engine):
     np.testing.assert_allclose(out.logprobs_BxN, np.asarray(longest.logprobs_BxN)[:, :n],
                                atol=1e-5)
   assert loop._cache_size() == programs, "a shorter max_new_tokens compiled another program"
+
+
+def test_a_drafter_built_again_is_the_same_drafter_and_compiles_nothing():
+  prompt, lengths = random_prompts(np.random.RandomState(1), 2, 7, VOCAB)
+  store = build_store([list(range(1, 30))], VOCAB, min_n=2, max_n=3)
+  builders = {
+      "chain": lambda: lm_chain_drafter(_FNS, 3),
+      "tree": lambda: lm_tree_drafter(_FNS, TreeShape(depth=3, top_k=2, num_nodes=5)),
+      "ngram": lambda: ngram_drafter(3, VOCAB),
+      "ngram+store": lambda: ngram_drafter(3, VOCAB, store=store),
+  }
+  for name, build in builders.items():
+    assert build() is build(), name
+  # Other settings, another store or other model functions: another drafter.
+  assert lm_chain_drafter(_FNS, 2) is not lm_chain_drafter(_FNS, 3)
+  assert ngram_drafter(3, VOCAB, store=build_store([list(range(1, 30))], VOCAB, min_n=2,
+                                                   max_n=3)) is not builders["ngram+store"]()
+  other_fns, _ = decoder_fns(random_decoder(seed=3, vocab=VOCAB, num_layers=1))
+  assert lm_chain_drafter(other_fns, 3) is not lm_chain_drafter(_FNS, 3)
+
+  kw = dict(prompt_BxT=prompt, lengths_B=lengths, max_new_tokens=6)
+  first = asd_decode(_FNS, _PARAMS, builders["chain"](), _DRAFT_PARAMS, **kw)
+  programs = _asd_decode._cache_size()
+  again = asd_decode(_FNS, _PARAMS, builders["chain"](), _DRAFT_PARAMS, **kw)
+  assert _asd_decode._cache_size() == programs, "a rebuilt drafter compiled another loop"
+  np.testing.assert_array_equal(again.tokens_BxN, first.tokens_BxN)
