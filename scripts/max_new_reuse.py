@@ -19,7 +19,6 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault("ASD_JAX_COMPILATION_CACHE", "0")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -52,6 +51,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
   args = parse_args(argv)
+  # Every compile is measured: no persistent cache, even where JAX_COMPILATION_CACHE_DIR is set.
+  jax.config.update("jax_enable_compilation_cache", False)
   from models.lm_fns import decoder_fns
   from models.load import DEFAULT_TARGET, load_decoder
   from models.tokenizer import encode_chat, load_tokenizer
