@@ -19,9 +19,9 @@ from models.lm_fns import decoder_fns
 from tests.tiny_models import perturbed_copy, random_decoder, random_prompts
 
 VOCAB = 61
-_FNS, _PARAMS = decoder_fns(random_decoder(seed=3, vocab=VOCAB, num_layers=1))
-_, _DRAFT_PARAMS = decoder_fns(perturbed_copy(random_decoder(seed=3, vocab=VOCAB,
-                                                             num_layers=1), 0.3, seed=4))
+_TARGET = random_decoder(seed=3, vocab=VOCAB, num_layers=1)
+_FNS, _PARAMS = decoder_fns(_TARGET)
+_, _DRAFT_PARAMS = decoder_fns(perturbed_copy(_TARGET, 0.3, seed=4))
 _CHAIN = lm_chain_drafter(_FNS, 3)
 _TREE = lm_tree_drafter(_FNS, TreeShape(depth=3, top_k=2, num_nodes=5))
 _ENGINES = {
