@@ -30,6 +30,7 @@ def run_cli(main):
 
 
 COMPILATION_CACHE_ENV = "ASD_JAX_COMPILATION_CACHE"
+COMPILATION_CACHE_MB_ENV = "ASD_JAX_COMPILATION_CACHE_MB"
 
 
 def enable_compilation_cache() -> None:
@@ -37,17 +38,27 @@ def enable_compilation_cache() -> None:
 
   ASD_JAX_COMPILATION_CACHE=0 leaves it off. The test suite sets that: the setting is
   process-wide, so one in-process CLI call would make every later compile in that pytest worker
-  serialize its executable to disk."""
+  serialize its executable to disk.
+
+  The folder is capped at ASD_JAX_COMPILATION_CACHE_MB (default 1024; a SmolLM2 decode loop is
+  ~1 MB), least recently used programs going first. The cap also matters for correctness: only
+  with a size limit does jax hold a file lock around each read and write (jax/_src/lru_cache.py),
+  so two CLI runs at once cannot load a program the other is half-way through writing."""
   switch = os.environ.get(COMPILATION_CACHE_ENV, "1")
   if switch not in ("0", "1"):
     raise ValueError(f"{COMPILATION_CACHE_ENV} must be 0 or 1, got {switch!r}")
   if switch == "0":
     return
+  megabytes = os.environ.get(COMPILATION_CACHE_MB_ENV, "1024")
+  if not (megabytes.isdigit() and int(megabytes) > 0):
+    raise ValueError(f"{COMPILATION_CACHE_MB_ENV} must be a whole number of megabytes above 0, "
+                     f"got {megabytes!r} (to turn the cache off set {COMPILATION_CACHE_ENV}=0)")
   import jax
   from platformdirs import user_cache_dir
 
   root = os.environ.get("ASD_JAX_CACHE_DIR") or user_cache_dir("asd-jax")
   jax.config.update("jax_compilation_cache_dir", os.path.join(root, "xla"))
+  jax.config.update("jax_compilation_cache_max_size", int(megabytes) << 20)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
