@@ -13,22 +13,24 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # In-process CLI calls would point jax's persistent compilation cache at the user's cache folder
 # for the whole worker (asd_jax.cli_common.enable_compilation_cache); they leave it alone here.
 os.environ.setdefault("ASD_JAX_COMPILATION_CACHE", "0")
-# Instead each test process keeps the programs it compiles in a folder of its own, deleted at
-# exit, which the subprocesses it starts inherit. A test that calls a CLI several times builds
+# Instead the test run keeps the programs it compiles in one folder of its own, deleted at exit:
+# made by the first test process (pytest-xdist's controller, which starts the workers) and shared
+# by the workers and the subprocesses they start. A test that calls a CLI several times builds
 # new model functions each call, so jit's in-memory cache misses and XLA would compile the same
 # program again (tests/test_generate_cli.py's prompts-file test: 76 s -> 47 s); so do the
-# training runs that a resume test starts one after another. One folder per process, because
-# jax writes an entry without a lock and two pytest-xdist workers could read a half-written one.
+# training runs that a resume test starts one after another, and the two workers, which split
+# most modules between them and compile the same programs. Sharing is safe because of the size
+# cap: only with one does jax hold a file lock around each read and write of the folder
+# (jax/_src/lru_cache.py), so no process loads a program another is half-way through writing.
 # Programs with host callbacks (streams, stop strings) are never cached (jax's rule).
-# A folder set by the caller is kept; one inherited from a parent test process (pytest-xdist's
-# controller starts the workers) is replaced.
-_INHERITED = "ASD_JAX_TESTS_XLA_CACHE"
-if os.environ.get("JAX_COMPILATION_CACHE_DIR") in (None, os.environ.get(_INHERITED)):
+# A folder set by the caller is kept.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   _COMPILED = tempfile.mkdtemp(prefix="asd-jax-tests-xla-")
   atexit.register(shutil.rmtree, _COMPILED, ignore_errors=True)
-  os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ[_INHERITED] = _COMPILED
-  # Skips the many small eager programs, whose compile costs less than an entry's write.
-  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.25")
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _COMPILED
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
+# Skips the many small eager programs, whose compile costs less than an entry's write.
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.25")
 
 
 @pytest.fixture(autouse=True, scope="module")
