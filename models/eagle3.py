@@ -33,6 +33,7 @@ target id v has a draft id. Draft ids are the chosen target ids in increasing or
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import flax.nnx as nnx
@@ -40,12 +41,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from asd_jax.request_checks import param_shapes
+from asd_jax.request_checks import ParamShapes, param_shapes
 from models.config import DTYPES, ModelConfig, RopeScaling, rope_inverse_frequencies
 from models.cached_attention import BlockMask, block_mask
 from models.few_rows_matmul import few_rows_matmul
 from models.kv_cache import KVCache
 from models.llama import MLP, Attention, RMSNorm, chain_visibility, linear
+from models.lm_fns import ARCHITECTURES_KEPT
 
 _F32 = jnp.float32
 MASKED_LOGIT = -1e30  # finite, so 0 * logit stays 0 in regret/probability arithmetic
@@ -244,10 +246,16 @@ class Eagle3Fns:
 
 
 def eagle3_fns(model: Eagle3Drafter) -> tuple[Eagle3Fns, Any]:
-  """Returns (fns, params): pure callables over the drafter and its state (split outside jit)."""
-  graphdef, params = nnx.split(model)
-  cfg = model.cfg
+  """Returns (fns, params): pure callables over the drafter and its state (split outside jit).
 
+  Drafters of the same architecture get the same fns object, so the decode loop and the tree
+  drafter built on them are reused, not compiled again (models.lm_fns.ARCHITECTURES_KEPT)."""
+  graphdef, params = nnx.split(model)
+  return _eagle3_fns(graphdef, model.cfg, param_shapes(params)), params
+
+
+@functools.lru_cache(maxsize=ARCHITECTURES_KEPT)
+def _eagle3_fns(graphdef: nnx.GraphDef, cfg: Eagle3Config, shapes: ParamShapes) -> Eagle3Fns:
   def step(params, tokens_BxT, features_BxTxF, positions_BxT, cache, *, slots_BxT=None,
            visible_BxTxS=None):
     return nnx.merge(graphdef, params)(tokens_BxT, features_BxTxF, positions_BxT, cache,
@@ -263,7 +271,7 @@ def eagle3_fns(model: Eagle3Drafter) -> tuple[Eagle3Fns, Any]:
     return KVCache.create(cfg.layer_config(), batch_size, capacity)
 
   return Eagle3Fns(step=step, fuse=fuse, to_target_ids=to_target_ids, init_cache=init_cache,
-                   cfg=cfg, param_shapes=param_shapes(params)), params
+                   cfg=cfg, param_shapes=shapes)
 
 
 def draft_to_target_ids(d2t_Vd: jax.Array, draft_ids: jax.Array) -> jax.Array:

@@ -28,11 +28,12 @@ import numpy as np
 
 from asd_jax.drafter_api import DRAFTERS_KEPT
 from asd_jax.draft_tree import TreeDrafter, TreeShape, grow_dynamic_tree
-from asd_jax.request_checks import param_shapes
+from asd_jax.request_checks import ParamShapes, param_shapes
 from asd_jax.sampling_keys import split_keys
 from models.eagle3 import Eagle3Fns, draft_logits_to_target
+from models.config import ModelConfig
 from models.llama import Decoder, rms_norm
-from models.medusa import MedusaHeads, medusa_logits
+from models.medusa import MedusaConfig, MedusaHeads, medusa_logits
 
 
 @functools.lru_cache(maxsize=DRAFTERS_KEPT)
@@ -122,14 +123,24 @@ def medusa_tree_drafter(heads: MedusaHeads, target: Decoder, shape: TreeShape,
                         choices: list[tuple[int, ...]] | None = None) -> TreeDrafter:
   """A static-tree drafter from Medusa heads on `target`'s last hidden state.
 
-  params for the engine: `medusa_drafter_params(heads, target)`.
+  params for the engine: `medusa_drafter_params(heads, target)`. Built once per (heads' and
+  target's configs and array shapes, tree): calling it again returns the same drafter, so the
+  decode loop compiled for it is reused (asd_jax.drafter_api.DRAFTERS_KEPT).
   """
-  cfg = target.cfg
-  choices = choices or medusa_choices(shape, heads.cfg.num_heads)
+  choices = tuple(tuple(p) for p in (choices or medusa_choices(shape, heads.cfg.num_heads)))
   depth = max(len(p) for p in choices)
   if depth > heads.cfg.num_heads:
     raise ValueError(f"tree depth {depth} needs {depth} Medusa heads, these have "
                      f"{heads.cfg.num_heads}")
+  return _medusa_tree_drafter(heads.cfg, target.cfg, choices,
+                              param_shapes(medusa_drafter_params(heads, target)))
+
+
+@functools.lru_cache(maxsize=DRAFTERS_KEPT)
+def _medusa_tree_drafter(heads_cfg: MedusaConfig, cfg: ModelConfig,
+                         choices: tuple[tuple[int, ...], ...],
+                         shapes: ParamShapes) -> TreeDrafter:
+  depth = max(len(p) for p in choices)
   index = {p: i for i, p in enumerate(choices)}
   parents_N = np.array([index.get(p[:-1], -1) for p in choices], np.int32)
   head_N = np.array([len(p) - 1 for p in choices], np.int32)
@@ -149,7 +160,7 @@ def medusa_tree_drafter(heads: MedusaHeads, target: Decoder, shape: TreeShape,
     # training (vsd_jax/medusa_loss.py applies target.final_norm to the same hidden state).
     h_BxD = rms_norm(features_BxWxF[:, -2], norm_scale_D, eps)
     logits_BxMxV = medusa_logits(heads_params, h_BxD[:, None],
-                                 None if heads.cfg.own_head else head_VxD)[:, 0]
+                                 None if heads_cfg.own_head else head_VxD)[:, 0]
     top_BxMxk = jax.lax.top_k(logits_BxMxV, top_k)[1].astype(jnp.int32)
     b = h_BxD.shape[0]
     tokens_BxN = top_BxMxk[:, head_N, rank_N]
@@ -160,8 +171,7 @@ def medusa_tree_drafter(heads: MedusaHeads, target: Decoder, shape: TreeShape,
   tree_shape = TreeShape(depth=depth, top_k=top_k, num_nodes=len(choices))
   return TreeDrafter(prefill=prefill, propose=propose, shape=tree_shape,
                      vocab_size=cfg.vocab_size, name="medusa",
-                     feature_layers=(cfg.num_layers - 1,),
-                     param_shapes=param_shapes(medusa_drafter_params(heads, target)))
+                     feature_layers=(cfg.num_layers - 1,), param_shapes=shapes)
 
 
 def medusa_drafter_params(heads: MedusaHeads, target: Decoder):

@@ -2,20 +2,41 @@
 
 from __future__ import annotations
 
+import functools
+
 import flax.nnx as nnx
 import jax.numpy as jnp
 
 from asd_jax.lm_api import LanguageModelFns
-from asd_jax.request_checks import param_shapes
+from asd_jax.request_checks import ParamShapes, param_shapes
+from models.config import ModelConfig
 from models.kv_cache import KVCache, move_slots
 from models.llama import Decoder
 
 
-def decoder_fns(model: Decoder, hidden_layers: tuple[int, ...] = (), name: str = "decoder"):
-  """Returns (fns, params): pure callables over the decoder and its state pytree."""
-  graphdef, params = nnx.split(model)
-  cfg = model.cfg
+# Functions built for one decoder architecture are kept and handed out again: the decode loops
+# take them as static arguments compared by identity, so a caller that calls decoder_fns per
+# request (a server handler, a CLI called in-process) would otherwise compile the whole loop again
+# each time, and every drafter built from them (asd_jax.drafter_api.DRAFTERS_KEPT) with it.
+# They hold only the graph definition (no weights: those are the params), so keeping a few is
+# cheap.
+ARCHITECTURES_KEPT = 16
 
+
+def decoder_fns(model: Decoder, hidden_layers: tuple[int, ...] = (), name: str = "decoder"):
+  """Returns (fns, params): pure callables over the decoder and its state pytree.
+
+  Two decoders of the same architecture (equal graph definitions, e.g. the same model loaded
+  twice, or two seeds of one config) with the same `hidden_layers` and `name` get the same fns
+  object, so programs compiled for one serve the other (ARCHITECTURES_KEPT)."""
+  graphdef, params = nnx.split(model)
+  return _decoder_fns(graphdef, model.cfg, tuple(hidden_layers), name,
+                      param_shapes(params)), params
+
+
+@functools.lru_cache(maxsize=ARCHITECTURES_KEPT)
+def _decoder_fns(graphdef: nnx.GraphDef, cfg: ModelConfig, hidden_layers: tuple[int, ...],
+                 name: str, shapes: ParamShapes) -> LanguageModelFns:
   def forward(params, tokens_BxT, positions_BxT, cache):
     return nnx.merge(graphdef, params)(tokens_BxT, positions_BxT, cache,
                                        hidden_layers=hidden_layers)
@@ -36,8 +57,7 @@ def decoder_fns(model: Decoder, hidden_layers: tuple[int, ...] = (), name: str =
                                        visible_BxTxS=visible_BxTxS,
                                        hidden_layers=hidden_layers)
 
-  fns = LanguageModelFns(forward=forward, prefill=prefill, init_cache=init_cache,
-                         vocab_size=cfg.vocab_size, name=name,
-                         max_positions=cfg.max_position_embeddings, tree_forward=tree_forward,
-                         move_slots=move_slots, param_shapes=param_shapes(params))
-  return fns, params
+  return LanguageModelFns(forward=forward, prefill=prefill, init_cache=init_cache,
+                          vocab_size=cfg.vocab_size, name=name,
+                          max_positions=cfg.max_position_embeddings, tree_forward=tree_forward,
+                          move_slots=move_slots, param_shapes=shapes)

@@ -2,8 +2,12 @@
 max_new_tokens (the output buffer is bucketed; asd_jax/output_buffer.py), which still return the
 width they asked for and exactly what a request of that length generates on its own; and a
 drafter built again from the same model functions and settings (the factories return the same
-drafter; asd_jax.drafter_api.DRAFTERS_KEPT)."""
+drafter; asd_jax.drafter_api.DRAFTERS_KEPT); and model functions built again for a decoder of
+the same architecture (models.lm_fns.ARCHITECTURES_KEPT)."""
 
+import dataclasses
+
+import flax.nnx as nnx
 import numpy as np
 import pytest
 
@@ -13,9 +17,14 @@ from asd_jax.drafter_api import lm_chain_drafter
 from asd_jax.ngram_drafter import ngram_drafter
 from asd_jax.ngram_store import build_store
 from asd_jax.plain_decode import _plain_decode, plain_decode
+from asd_jax.request_checks import param_shapes
 from asd_jax.spec_decode import _asd_decode, asd_decode
 from asd_jax.tree_decode import _tree_decode, asd_tree_decode
+from models import lm_fns
+from models.eagle3 import Eagle3Config, eagle3_fns, init_eagle3
+from models.feature_drafters import eagle3_tree_drafter, medusa_tree_drafter
 from models.lm_fns import decoder_fns
+from models.medusa import MedusaConfig, init_medusa
 from tests.tiny_models import perturbed_copy, random_decoder, random_prompts
 
 VOCAB = 61
@@ -73,7 +82,7 @@ def test_a_drafter_built_again_is_the_same_drafter_and_compiles_nothing():
   assert lm_chain_drafter(_FNS, 2) is not lm_chain_drafter(_FNS, 3)
   assert ngram_drafter(3, VOCAB, store=build_store([list(range(1, 30))], VOCAB, min_n=2,
                                                    max_n=3)) is not builders["ngram+store"]()
-  other_fns, _ = decoder_fns(random_decoder(seed=3, vocab=VOCAB, num_layers=1))
+  other_fns, _ = decoder_fns(random_decoder(seed=3, vocab=VOCAB, num_layers=2))
   assert lm_chain_drafter(other_fns, 3) is not lm_chain_drafter(_FNS, 3)
 
   kw = dict(prompt_BxT=prompt, lengths_B=lengths, max_new_tokens=6)
@@ -82,3 +91,55 @@ def test_a_drafter_built_again_is_the_same_drafter_and_compiles_nothing():
   again = asd_decode(_FNS, _PARAMS, builders["chain"](), _DRAFT_PARAMS, **kw)
   assert _asd_decode._cache_size() == programs, "a rebuilt drafter compiled another loop"
   np.testing.assert_array_equal(again.tokens_BxN, first.tokens_BxN)
+
+
+def test_a_decoder_of_the_same_architecture_gets_the_same_functions_and_its_own_tokens():
+  other_seed = random_decoder(seed=8, vocab=VOCAB, num_layers=1)
+  fns, params = decoder_fns(other_seed)
+  assert fns is _FNS  # same config and graph, other weights
+  # Another architecture, other hidden-layer outputs or another name: other functions.
+  assert decoder_fns(random_decoder(seed=3, vocab=VOCAB, num_layers=2))[0] is not _FNS
+  assert decoder_fns(_TARGET, hidden_layers=(0,))[0] is not _FNS
+  assert decoder_fns(_TARGET, hidden_layers=[0])[0] is decoder_fns(_TARGET, (0,))[0]
+  assert decoder_fns(_TARGET, name="target")[0] is not _FNS
+
+  prompt, lengths = random_prompts(np.random.RandomState(2), 2, 7, VOCAB)
+  kw = dict(prompt_BxT=prompt, lengths_B=lengths, max_new_tokens=6)
+  plain_decode(_FNS, _PARAMS, **kw)
+  programs = _plain_decode._cache_size()
+  shared = plain_decode(fns, params, **kw)
+  assert _plain_decode._cache_size() == programs, "the same architecture compiled another loop"
+  # The weights are arguments: the shared program decodes the other model, not the first one.
+  own_fns = lm_fns._decoder_fns.__wrapped__(*_split_key(other_seed))
+  assert own_fns is not _FNS
+  own = plain_decode(own_fns, params, **kw)
+  np.testing.assert_array_equal(shared.tokens_BxN, own.tokens_BxN)
+  assert not np.array_equal(shared.tokens_BxN, plain_decode(_FNS, _PARAMS, **kw).tokens_BxN)
+
+
+def _split_key(model):
+  """decoder_fns's cache key for `model` (no hidden layers, the default name)."""
+  graphdef, params = nnx.split(model)
+  return graphdef, model.cfg, (), "decoder", param_shapes(params)
+
+
+def test_feature_drafters_of_the_same_architecture_are_the_same_drafter():
+  target = random_decoder(seed=5, vocab=VOCAB, num_layers=4)
+  cfg = Eagle3Config.for_target(target.cfg, draft_vocab_size=40, fused_layers=(0, 1, 3))
+  fns, _ = eagle3_fns(init_eagle3(cfg, seed=1, target=target))
+  assert eagle3_fns(init_eagle3(cfg, seed=2, target=target))[0] is fns
+  shape = TreeShape(depth=3, top_k=2, num_nodes=5)
+  assert eagle3_tree_drafter(eagle3_fns(init_eagle3(cfg, seed=2, target=target))[0],
+                             shape) is eagle3_tree_drafter(fns, shape)
+  other = Eagle3Config.for_target(target.cfg, draft_vocab_size=30, fused_layers=(0, 1, 3))
+  assert eagle3_fns(init_eagle3(other, seed=1, target=target))[0] is not fns
+
+  medusa = MedusaConfig(hidden_size=target.cfg.hidden_size, vocab_size=VOCAB, num_heads=3)
+  drafter = medusa_tree_drafter(init_medusa(medusa, seed=1, target=target), target, shape)
+  assert medusa_tree_drafter(init_medusa(medusa, seed=2, target=target), target,
+                             shape) is drafter
+  assert medusa_tree_drafter(init_medusa(medusa, seed=1, target=target), target,
+                             TreeShape(depth=2, top_k=2, num_nodes=4)) is not drafter
+  own_head = dataclasses.replace(medusa, own_head=True)
+  assert medusa_tree_drafter(init_medusa(own_head, seed=1, target=target), target,
+                             shape) is not drafter
