@@ -155,8 +155,8 @@ def test_the_lossless_check_can_fail_with_ngram_drafts(monkeypatch, min_ngram, p
   tfns, tparams = decoder_fns(target)
   sampling = SamplingConfig(temperature=1.0)
   exact = sampling_check._exact_joint(tfns, tparams, sampling, prompt)
-  sampling_check.trust_every_draft(monkeypatch)
-  drafter = ngram_drafter(2, sampling_check.V, min_ngram=min_ngram)  # new: traced anew
+  drafter = sampling_check.trust_every_draft(
+      monkeypatch, ngram_drafter(2, sampling_check.V, min_ngram=min_ngram))
   got = sampling_check._sampled_joint(tfns, tparams, drafter, None, sampling, seed0=5, calls=2,
                                       prompt=prompt)
   tv = sampling_check._tv

@@ -94,9 +94,12 @@ def test_sample_rule_at_temperature_0_is_greedy_decoding(pair):
                                   np.asarray(strict.stats.rounds_B))
 
 
-def trust_every_draft(monkeypatch):
+def trust_every_draft(monkeypatch, drafter):
   """Replaces the engine's verifier by a broken sampler that accepts every draft token
-  (ignoring p/q): the control a losslessness check must be able to fail."""
+  (ignoring p/q): the control a losslessness check must be able to fail. Returns a copy of
+  `drafter` to decode with: the factories and decoder_fns hand out the objects earlier tests
+  compiled loops for with the honest rule, and jit would reuse those programs; a new static
+  argument traces the patched rule (and keeps that program away from other tests)."""
   from asd_jax import spec_decode
   honest = spec_decode._verify
 
@@ -107,16 +110,14 @@ def trust_every_draft(monkeypatch):
                       next_token=jnp.argmax(target_logits[:, k], axis=-1).astype(jnp.int32))
 
   monkeypatch.setattr(spec_decode, "_verify", trusting)
+  return dataclasses.replace(drafter)
 
 
 def test_the_check_can_fail(pair, monkeypatch):
   """A sampler that accepts every draft token (ignoring p/q) must fail the same bound."""
   tfns, tparams, dparams = pair
   sampling = SamplingConfig(temperature=1.0)
-  trust_every_draft(monkeypatch)
+  drafter = trust_every_draft(monkeypatch, lm_chain_drafter(tfns, 2))
   exact = _exact_joint(tfns, tparams, sampling)
-  # A copy: the factory returns the drafter earlier tests compiled with the honest rule, and
-  # jit would reuse that program; a new static argument traces the patched rule.
-  drafter = dataclasses.replace(lm_chain_drafter(tfns, 2))
   got = _sampled_joint(tfns, tparams, drafter, dparams, sampling, seed0=5, calls=2)
   assert _tv(got.sum(axis=0), exact.sum(axis=0)) > TV_LIMIT
