@@ -30,8 +30,8 @@ from asd_jax.drafter_api import DRAFTERS_KEPT
 from asd_jax.draft_tree import TreeDrafter, TreeShape, grow_dynamic_tree
 from asd_jax.request_checks import ParamShapes, param_shapes
 from asd_jax.sampling_keys import split_keys
-from models.eagle3 import Eagle3Fns, draft_logits_to_target
 from models.config import ModelConfig
+from models.eagle3 import Eagle3Fns, draft_logits_to_target
 from models.llama import Decoder, rms_norm
 from models.medusa import MedusaConfig, MedusaHeads, medusa_logits
 

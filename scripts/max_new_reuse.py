@@ -8,6 +8,10 @@ chain (K=3). The first call of an engine compiles its loop; the later ones reuse
 lengths round up to the same output bucket (asd_jax/output_buffer.py), and compile again when
 they do not. The table gives each call's seconds; every call returns exactly the tokens the
 longest one starts with (checked).
+
+With `--rebuild` every call also builds the model functions and the drafter again
+(`decoder_fns`, `ngram_drafter`), as a server handler that builds them per request does; they
+come back as the same objects (models.lm_fns.ARCHITECTURES_KEPT), so the loop is still reused.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--lengths", default="24,40,56", help="max_new_tokens of the calls, in order")
   p.add_argument("--json", default=None, help="write the rows here")
+  p.add_argument("--rebuild", action="store_true",
+                 help="build the model functions and the drafter again for every call")
   args = p.parse_args(argv)
   try:
     args.lengths = [int(n) for n in args.lengths.split(",")]
@@ -58,14 +64,22 @@ def main(argv=None) -> None:
   from models.tokenizer import encode_chat, load_tokenizer
 
   target = load_decoder(DEFAULT_TARGET)
-  fns, params = decoder_fns(target.model)
+  built = decoder_fns(target.model)
   prompt, lengths = right_pad([encode_chat(load_tokenizer(DEFAULT_TARGET), PROMPT)], bucket=64)
-  drafter = ngram_drafter(3, fns.vocab_size)
-  engines = {
-      "plain": lambda n: plain_decode(fns, params, prompt, lengths, max_new_tokens=n),
-      "ngram chain K=3": lambda n: asd_decode(fns, params, drafter, None, prompt, lengths,
-                                              max_new_tokens=n),
-  }
+
+  def model_fns():
+    return decoder_fns(target.model) if args.rebuild else built
+
+  def plain(n):
+    fns, params = model_fns()
+    return plain_decode(fns, params, prompt, lengths, max_new_tokens=n)
+
+  def ngram_chain(n):
+    fns, params = model_fns()
+    return asd_decode(fns, params, ngram_drafter(3, fns.vocab_size), None, prompt, lengths,
+                      max_new_tokens=n)
+
+  engines = {"plain": plain, "ngram chain K=3": ngram_chain}
   rows = []
   print(f"{'engine':16s}" + "".join(f"{f'max_new {n}':>14s}" for n in args.lengths))
   for name, run in engines.items():
@@ -78,7 +92,8 @@ def main(argv=None) -> None:
     for out in outputs:
       if not np.array_equal(out, longest[:len(out)]):
         raise SystemExit(f"{name}: a call of {len(out)} tokens is not the longest call's start")
-    rows.append({"engine": name, "max_new_tokens": args.lengths, "seconds": seconds})
+    rows.append({"engine": name, "max_new_tokens": args.lengths, "rebuild": args.rebuild,
+                 "seconds": seconds})
     print(f"{name:16s}" + "".join(f"{s:12.2f} s" for s in seconds), flush=True)
   if args.json:
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
