@@ -18,10 +18,11 @@ os.environ.setdefault("ASD_JAX_COMPILATION_CACHE", "0")
 # by the workers and the subprocesses they start. A test that calls a CLI several times builds
 # new model functions each call, so jit's in-memory cache misses and XLA would compile the same
 # program again (tests/test_generate_cli.py's prompts-file test: 76 s -> 47 s); so do the
-# training runs that a resume test starts one after another, and the two workers, which split
-# most modules between them and compile the same programs. Sharing is safe because of the size
-# cap: only with one does jax hold a file lock around each read and write of the folder
-# (jax/_src/lru_cache.py), so no process loads a program another is half-way through writing.
+# training runs that a resume test starts one after another. With one folder a program either
+# worker wrote serves both (few do: 360 persistent-cache hits in a whole run, 355 with a folder
+# per worker). Sharing is safe because of the size cap: only with one does jax hold a file lock
+# around each read and write of the folder (jax/_src/lru_cache.py), so no process loads a
+# program another is half-way through writing.
 # Programs with host callbacks (streams, stop strings) are never cached (jax's rule).
 # A folder set by the caller is kept.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
