@@ -18,8 +18,7 @@ N = 14
 
 
 def _start(args):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env.update(PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+  env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
   return subprocess.Popen([sys.executable, "-m", "vsd_jax.train", *args], cwd=ROOT, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

@@ -13,7 +13,8 @@ import pytest
 
 CHECK = r"""
 import os, sys
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+flags = os.environ.get("XLA_FLAGS", "")  # the test run's own are kept (tests/conftest.py)
+os.environ["XLA_FLAGS"] = flags + " --xla_force_host_platform_device_count=8"
 os.environ["JAX_PLATFORMS"] = "cpu"
 import jax, numpy as np
 from configs.train_presets import get_preset, with_overrides
