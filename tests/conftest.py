@@ -14,7 +14,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # default is 3). Compiling is most of the suite's time: the models are tiny, so their programs
 # run in milliseconds, and each new shape or option is a new program. At level 0 a compile is
 # ~2.2x faster (tiny chain loop 3.9 -> 1.8 s, tree loop 4.7 -> 2.6 s, VSD loss gradient
-# 14 -> 6 s) and the whole suite took 1,639 s instead of 2,016 s on a 2-core machine; the few
+# 14 -> 6 s), and the whole suite took 1,703 s instead of 2,016 s on a 2-core machine; the few
 # tests that run many steps (sampling statistics) run up to ~1.4x longer. The price: levels
 # 0-2 round differently from 3 in the last bits (VSD parameters after 3 steps <= 1e-8 apart,
 # log-probabilities <= 5e-7), so the exactness tests (speculative == plain greedy) check the
