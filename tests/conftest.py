@@ -16,7 +16,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # ~2.2x faster (tiny chain loop 3.9 -> 1.8 s, tree loop 4.7 -> 2.6 s, VSD loss gradient
 # 14 -> 6 s), and the whole suite took 1,703 s instead of 2,016 s on a 2-core machine; the few
 # tests that run many steps (sampling statistics) run up to ~1.4x longer. The price: levels
-# 0-2 round differently from 3 in the last bits (VSD parameters after 3 steps <= 1e-8 apart,
+# 0-2 round differently from 3 in the last bits (VSD parameters after 3 steps ~1e-8 apart,
 # log-probabilities <= 5e-7), so the exactness tests (speculative == plain greedy) check the
 # level-0 build; both sides of each comparison are compiled alike, which is what they need.
 # `XLA_FLAGS=--xla_backend_optimization_level=3 make test` runs them as shipped: a level set by
