@@ -4,26 +4,51 @@ import atexit
 import gc
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import pytest
 
 # Tests that need several devices set this before importing jax; keep the default elsewhere.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# XLA:CPU compiles the tests' programs without LLVM's optimisation passes (level 0; jax's
-# default is 3). Compiling is most of the suite's time: the models are tiny, so their programs
-# run in milliseconds, and each new shape or option is a new program. At level 0 a compile is
-# ~2.2x faster (tiny chain loop 3.9 -> 1.8 s, tree loop 4.7 -> 2.6 s, VSD loss gradient
-# 14 -> 6 s), and the whole suite took 1,703 s instead of 2,016 s on a 2-core machine; the few
-# tests that run many steps (sampling statistics) run up to ~1.4x longer. The price: levels
-# 0-2 round differently from 3 in the last bits (VSD parameters after 3 steps ~1e-8 apart,
-# log-probabilities <= 5e-7), so the exactness tests (speculative == plain greedy) check the
-# level-0 build; both sides of each comparison are compiled alike, which is what they need.
-# `XLA_FLAGS=--xla_backend_optimization_level=3 make test` runs them as shipped: a level set by
-# the caller is kept. The tests' subprocesses inherit the flag.
+# XLA:CPU compiles the tests' programs for compile speed, not run speed: without LLVM's
+# optimisation passes (level 0; jax's default is 3), with XLA's older loop emitters instead of
+# its fusion emitters, and as one LLVM module instead of several compiled on parallel threads
+# (two pytest workers already fill two cores). Compiling is most of the suite's time: the
+# models are tiny, so their programs run in milliseconds, and each new shape or option is a new
+# program. Seconds of backend compile per program (tests' tiny models, 3 repeats, one session):
+#   flags                                 chain loop   tree loop   VSD loss gradient
+#   jax's defaults (level 3)              2.7-2.9      3.6-3.9     12.3-17.8
+#   level 0                               2.4-2.6      2.7-3.0      6.5-7.4
+#   level 0, no fusion emitters, 1 split  0.9-1.0      1.4          3.9-4.2
+# The price: these builds round differently from jax's default in the last bits (VSD
+# parameters after 3 steps ~1e-8 apart, log-probabilities <= 5e-7 at level 0 alone), so the
+# exactness tests (speculative == plain greedy) check this build; both sides of each
+# comparison are compiled alike, which is what they need. `XLA_FLAGS=
+# --xla_backend_optimization_level=3 make test` runs them as shipped: when the caller sets a
+# level, none of these flags is added. The tests' subprocesses inherit the flags.
+_COMPILE_FAST = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false",
+                 "--xla_cpu_parallel_codegen_split_count=1")
+
+
+def _xla_accepts(flags: str) -> bool:
+  """XLA aborts the process on a flag it does not know, and the emitter flag is young (newer
+  XLA may drop it), so a throwaway process tries the flags first."""
+  env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
+  try:
+    return subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env,
+                          capture_output=True, timeout=300).returncode == 0
+  except subprocess.TimeoutExpired:
+    return False
+
+
+# The first pytest process (xdist's controller) decides; its workers inherit the result.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS"),
-                                                   "--xla_backend_optimization_level=0"]))
+  _caller = os.environ.get("XLA_FLAGS", "")
+  _wanted = " ".join(filter(None, [_caller, *_COMPILE_FAST]))
+  os.environ["XLA_FLAGS"] = (_wanted if _xla_accepts(_wanted) else
+                             " ".join(filter(None, [_caller, _COMPILE_FAST[0]])))
 # In-process CLI calls would point jax's persistent compilation cache at the user's cache folder
 # for the whole worker (asd_jax.cli_common.enable_compilation_cache); they leave it alone here.
 os.environ.setdefault("ASD_JAX_COMPILATION_CACHE", "0")
