@@ -22,6 +22,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 #   jax's defaults (level 3)              2.7-2.9      3.6-3.9     12.3-17.8
 #   level 0                               2.4-2.6      2.7-3.0      6.5-7.4
 #   level 0, no fusion emitters, 1 split  0.9-1.0      1.4          3.9-4.2
+# The whole suite on a 2-core machine (clean clone, `make test`): 1,596 s at level 0 alone,
+# 1,078 s with all three.
 # The price: these builds round differently from jax's default in the last bits (VSD
 # parameters after 3 steps ~1e-8 apart, log-probabilities <= 5e-7 at level 0 alone), so the
 # exactness tests (speculative == plain greedy) check this build; both sides of each
@@ -100,6 +102,16 @@ def no_compilation_cache_writes():
   jax.config.update("jax_persistent_cache_min_compile_time_secs", float("inf"))
   yield
   jax.config.update("jax_persistent_cache_min_compile_time_secs", before)
+
+
+@pytest.fixture
+def shipped_build():
+  """Compiler options that undo the compile-fast flags above, for `.lower(...).compile(
+  shipped_build)` in a test about the program users get: without XLA's fusion emitters the
+  chain loop copies its KV cache (16 copies), with them (jax's default) it updates it in place."""
+  flags = os.environ.get("XLA_FLAGS", "")
+  shipped = {"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True}
+  return {name: value for name, value in shipped.items() if f"--{name}=" in flags}
 
 
 @pytest.fixture

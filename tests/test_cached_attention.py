@@ -81,7 +81,7 @@ _SHAPES = ["1,2,16,64", "1,2,64,16"]  # keys [B, K, H, S], values [B, K, S, H]
 
 
 @pytest.mark.parametrize("host_hook", [None, "stream", "stop", "logprobs"])
-def test_plain_decoding_updates_the_cache_in_place(host_hook):
+def test_plain_decoding_updates_the_cache_in_place(host_hook, shipped_build):
   # A host callback in the loop (streaming, stop strings) or the logprob buffer must not cost
   # a cache copy either. Lowering only: the call id is never looked up.
   host = HostCall(np.int32(1), stream=host_hook == "stream", stop=host_hook == "stop")
@@ -89,11 +89,11 @@ def test_plain_decoding_updates_the_cache_in_place(host_hook):
       _FNS, _PARAMS, jnp.ones((1, 8), jnp.int32), jnp.array([8]), jnp.array([32]), row_keys(0, 1),
       max_new_tokens=32, capacity=_CAPACITY, eos_ids=(), sampling=SamplingConfig().filters(),
       host=host, logprobs=host_hook == "logprobs",
-      top_logprobs=3 if host_hook == "logprobs" else 0).compile().as_text()
+      top_logprobs=3 if host_hook == "logprobs" else 0).compile(shipped_build).as_text()
   assert _cache_copies_outside_entry(text, _SHAPES) == 0
 
 
-def test_chain_speculative_decoding_updates_the_target_cache_in_place():
+def test_chain_speculative_decoding_updates_the_target_cache_in_place(shipped_build):
   drafter_fns, drafter_params = decoder_fns(perturbed_copy(_MODEL, 0.3, seed=2))
   drafter = lm_chain_drafter(drafter_fns, num_draft=4)
   req = prepare_request(_FNS, drafter.vocab_size, np.ones((1, 8), np.int32), np.array([8]),
@@ -104,6 +104,6 @@ def test_chain_speculative_decoding_updates_the_target_cache_in_place():
                            sampling=SamplingConfig().filters(), normalize_q=False,
                            max_new_tokens=32, capacity=_CAPACITY, eos_ids=(),
                            host=NO_HOST_CALL, logprobs=False,
-                           top_logprobs=0).compile().as_text()
+                           top_logprobs=0).compile(shipped_build).as_text()
   # Target and drafter share the tiny model's shapes, so this covers both caches.
   assert _cache_copies_outside_entry(text, _SHAPES) == 0
