@@ -23,7 +23,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 #   level 0                               2.4-2.6      2.7-3.0      6.5-7.4
 #   level 0, no fusion emitters, 1 split  0.9-1.0      1.4          3.9-4.2
 # The whole suite on a 2-core machine (clean clone): 1,596-1,703 s at level 0 alone, 1,078-1,241 s
-# with all three.
+# with all three. What runs long rather than compiles gets no faster: the real-model test
+# (tests/test_smollm2_spec.py) took 98-157 s a case with them, 83-118 s at level 0 alone.
 # The price: these builds round differently from jax's default in the last bits (VSD
 # parameters after 3 steps ~1e-8 apart, log-probabilities <= 5e-7 at level 0 alone), so the
 # exactness tests (speculative == plain greedy) check this build; both sides of each
