@@ -109,7 +109,8 @@ def no_compilation_cache_writes():
 def shipped_build():
   """Compiler options that undo the compile-fast flags above, for `.lower(...).compile(
   shipped_build)` in a test about the program users get: without XLA's fusion emitters the
-  chain loop copies its KV cache (16 copies), with them (jax's default) it updates it in place."""
+  chain loop copies its KV cache (16 copies), with them (jax's default) it updates it in place.
+  The codegen split is left as set: it only divides the finished program among LLVM modules."""
   flags = os.environ.get("XLA_FLAGS", "")
   shipped = {"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True}
   return {name: value for name, value in shipped.items() if f"--{name}=" in flags}
