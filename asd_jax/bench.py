@@ -104,7 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
   spec.add_argument("--draft", default="smollm2-135m-standalone",
                     help="comma-separated drafters (names, folders, 'ngram[:MIN-MAX][+store]' or "
                     "'self'), each optionally NAME@K for its own chain length")
-  spec.add_argument("--k", type=int, default=4, help="chain block length K (default 4)")
+  spec.add_argument("--k", type=int, help="chain block length K for every drafter without its "
+                    "own @K (default: the K generate drafts at, per drafter and backend: "
+                    "models/drafter_setup.BENCHMARKED_K, else 4)")
   spec.add_argument("--tree", help="DEPTH,TOPK,NODES: also run tree rows (for every drafter "
                     "but the n-gram ones, which draft chains only)")
   spec.add_argument("--no-chain", action="store_true", help="tree rows only")
@@ -221,8 +223,11 @@ def drafter_shapes(draft: str, shapes: list) -> list:
 
 
 def drafts(args) -> list[tuple[str, int]]:
-  """(drafter, K) per comma-separated --draft entry; 'NAME@K' overrides --k for that one."""
-  if args.k <= 0:
+  """(drafter, K) per comma-separated --draft entry; 'NAME@K' overrides --k for that one.
+
+  Without either, a drafter gets the K `generate` drafts it at on this backend, so a benchmark
+  row and a plain `generate --draft NAME` run the same configuration."""
+  if args.k is not None and args.k <= 0:
     raise ValueError(f"--k must be positive, got {args.k}")
   if not args.draft.strip():
     raise ValueError("--draft names no drafter")
@@ -230,13 +235,19 @@ def drafts(args) -> list[tuple[str, int]]:
   for entry in split_list_flag(args.draft, "--draft"):
     name, _, k = entry.partition("@")
     try:
-      k = int(k) if k else args.k
+      k = int(k) if k else (args.k if args.k is not None else _generate_default_k(name))
     except ValueError:
       raise ValueError(f"--draft {entry!r}: the part after '@' must be K, an integer") from None
     if k <= 0:
       raise ValueError(f"--draft {entry!r}: K must be positive, got {k}")
     out.append((name, k))
   return out
+
+
+def _generate_default_k(draft: str) -> int:
+  import jax
+  from models.drafter_setup import default_k
+  return default_k(draft, jax.default_backend())
 
 
 def _first_standalone(args) -> str:

@@ -56,6 +56,24 @@ def test_bad_draft_entries_are_one_line_errors(draft, message, capsys):
   assert e.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_a_drafter_without_a_k_benches_at_the_k_generate_drafts_it_at():
+  # generate --draft NAME drafts at models/drafter_setup.default_k; a benchmark row of the same
+  # NAME must be that configuration, or its tokens/s describe a run users never get.
+  import jax
+  from models.drafter_setup import default_k
+  backend = jax.default_backend()
+
+  def entries(*flags):
+    return bench.drafts(bench.build_parser().parse_args(["--mode", "spec", *flags]))
+
+  names = ["smollm2-135m-standalone", "smollm2-135m-eagle3", "ngram+store", "ngram"]
+  got = entries("--draft", ",".join(names))
+  assert got == [(name, default_k(name, backend)) for name in names]
+  assert got[2][1] != got[3][1]  # the store's benchmarked K is not the fallback's
+  assert entries("--draft", "ngram+store,ngram@7", "--k", "3") == [("ngram+store", 3),
+                                                                   ("ngram", 7)]
+
+
 def test_accepted_histogram_from_per_position_counts():
   # 10 rounds; >=1 accepted in 6, >=2 in 3, >=3 in 1  ->  exactly 0,1,2,3: 4,3,2,1
   assert bench_report.accepted_histogram(10, [6, 3, 1]) == [4, 3, 2, 1]
