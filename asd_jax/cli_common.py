@@ -119,7 +119,7 @@ def parse_prompt_ids(text: str) -> list[int]:
     ids = [int(x) for x in fields]
   except ValueError:
     raise ValueError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
-  # The vocabulary check comes later (it needs the model); a negative id, or one past int32
+  # The vocabulary check comes later (it needs the model's config); a negative id, or one past int32
   # (prompts are int32 arrays: NumPy would fail first, with a traceback), is outside any
   # vocabulary, so it is refused before a model is loaded.
   outside = [i for i in ids if not 0 <= i < 2**31]

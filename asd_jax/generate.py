@@ -34,11 +34,13 @@ from asd_jax.cli_common import (attach_dash_values, enable_compilation_cache, pa
                                 read_prompts_file, right_pad, run_cli, text_stream)
 from asd_jax.asd_config import PRESETS, preset_with
 from asd_jax.plain_decode import plain_decode
+from asd_jax.request_checks import check_prompts
 from asd_jax.sampling import SamplingConfig
 from asd_jax.sampling_keys import row_keys
 from asd_jax.draft_tree import TreeShape
 from asd_jax.spec_decode import RULES
 from asd_jax.stop_strings import StopStrings
+from asd_jax.token_logprobs import check_logprobs_request
 from configs.model_pairs import apply_pair
 
 # --prompts-file rows per decode call. On two CPU cores (bench --batch-size 1 vs 8, 8 MT-Bench
@@ -241,8 +243,12 @@ def main(argv=None):
     from models.drafter_setup import check_drafter_request
     check_drafter_request(args.draft, args.drafter, tree)
   row_keys(args.seed, 1)  # refuses a seed outside [0, 2**32)
-  from models.registry import resolve_checkpoint
-  resolve_checkpoint(args.target)  # an empty or unknown --target, before the slow load
+  from models.registry import peek_vocab_size
+  vocab_size = peek_vocab_size(args.target)  # refuses an empty or unknown --target too
+  if vocab_size is not None:  # the decode checks these again; here they cost no model load
+    if ids is not None:
+      check_prompts(np.array([ids]), np.array([len(ids)]), vocab_size)
+    check_logprobs_request(args.logprobs, args.top_logprobs, vocab_size)
   enable_compilation_cache()
 
   from models.load import load_decoder

@@ -1,5 +1,7 @@
 """`python -m asd_jax.generate`: bad input is one clear line on stderr and exit code 2."""
 
+import json
+
 import pytest
 
 from asd_jax.generate import main
@@ -213,6 +215,29 @@ def test_a_bad_prompts_file_is_refused_before_the_model_loads(name, content, mes
     with pytest.raises(SystemExit):
       main(["--target", "no-such-model", "--prompts-file", str(tmp_path / "ok.txt"), *flags])
     assert refusal in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--prompt-ids", "3,96"],
+     "token id 96 at row 0, position 1 is outside the vocabulary [0, 96)"),
+    (["--prompt-ids", "3", "--json", "--logprobs", "--top-logprobs", "97"],
+     "top_logprobs 97 is more than the vocabulary's 96 tokens"),
+])
+def test_a_request_past_the_vocabulary_is_refused_before_the_model_loads(flags, message,
+                                                                          tmp_path, capsys):
+  # A folder with config.json and no weights: a refusal naming the vocabulary can only come
+  # from the config, before any load.
+  (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 96}))
+  with pytest.raises(SystemExit) as e:
+    main(["--target", str(tmp_path), *flags])
+  assert e.value.code == 2 and capsys.readouterr().err.strip() == f"error: {message}"
+  # Within the vocabulary, the same folder gets as far as the load, which names what is missing;
+  # so does a config the early check cannot read (the load reports it, not the check).
+  for config, fault in (('{"vocab_size": 96}', "no weights in"), ("{", "is not valid JSON")):
+    (tmp_path / "config.json").write_text(config)
+    with pytest.raises(SystemExit):
+      main(["--target", str(tmp_path), "--prompt-ids", "3,95"])
+    assert fault in capsys.readouterr().err
 
 
 def test_a_prompts_file_answers_each_line_as_alone(tiny_target, tmp_path, capsys):  # noqa: F811

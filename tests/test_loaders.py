@@ -408,8 +408,11 @@ def test_gguf_cache_hit_invalidation_and_atomicity(tmp_path, monkeypatch):
   assert not (entry / "model").exists()  # no half cache left behind
   monkeypatch.setattr(registry, "save_hf_folder", real_save)
 
+  assert registry.peek_vocab_size(path) is None  # not converted: nothing cheap to read
   config, tensors = load_checkpoint(path)  # converts and caches
   assert (entry / "model" / "model.safetensors").is_file()
+  assert registry.peek_vocab_size(path) == config["vocab_size"] == tensors[
+      "model.embed_tokens.weight"].shape[0]
 
   def no_conversion(*args):
     raise AssertionError("cache miss: GGUF converted again")
