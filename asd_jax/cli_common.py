@@ -3,6 +3,7 @@ interleaved timing of warmed-up runs."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -57,9 +58,35 @@ def enable_compilation_cache() -> None:
   from platformdirs import user_cache_dir
 
   root = os.environ.get("ASD_JAX_CACHE_DIR") or user_cache_dir("asd-jax")
-  jax.config.update("jax_compilation_cache_dir", os.path.join(root, "xla"))
+  folder = os.path.join(root, "xla")
+  _drop_unfinished_entries(folder)
+  jax.config.update("jax_compilation_cache_dir", folder)
   jax.config.update("jax_compilation_cache_max_size", int(megabytes) << 20)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
+def _drop_unfinished_entries(folder: str) -> None:
+  """Deletes cached programs that have no access-time file beside them.
+
+  jax (jax/_src/lru_cache.py, which owns the `-cache`/`-atime` names and the lock file) writes
+  a program and then its access time; a run killed in between, or a jax program using the
+  folder without a size cap, leaves a program without one. Its eviction reads every entry's
+  time before each write, so that one file made every later write fail (a warning each, no
+  program cached again). Dropped rather than given a time: it may be cut short; it costs one
+  compile."""
+  import filelock
+  if not os.path.isdir(folder):
+    return
+  try:
+    lock = filelock.FileLock(os.path.join(folder, ".lockfile")).acquire(timeout=10)
+  except filelock.Timeout:  # another run holds the folder; jax will wait for it too
+    return
+  with lock:
+    for name in os.listdir(folder):
+      key = name.removesuffix("-cache")
+      if key != name and not os.path.exists(os.path.join(folder, f"{key}-atime")):
+        with contextlib.suppress(FileNotFoundError):
+          os.unlink(os.path.join(folder, name))
 
 
 def check_output_path(path: str, flag: str, *, folder: bool = False) -> None:

@@ -24,8 +24,13 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # write even
 rng = np.random.default_rng(0)
 for i in range(8):
   table = jnp.asarray(rng.standard_normal((256, 1024), dtype=np.float32))
-  jax.jit(lambda x, t=table: x @ t.T + i)(jnp.ones((2, 1024))).block_until_ready()
+  jax.jit(lambda x, t=table: x @ t.T + i + OFFSET)(jnp.ones((2, 1024))).block_until_ready()
 """
+
+
+def _programs(offset: int = 0) -> str:
+  """EIGHT_PROGRAMS, made different from another offset's (a new cache key each)."""
+  return EIGHT_PROGRAMS.replace("OFFSET", str(offset))
 
 
 def _probe(tmp_path, switch, code=PROBE, **env_vars):
@@ -53,7 +58,7 @@ def test_other_values_are_refused(monkeypatch):
 
 
 def test_the_cache_keeps_to_its_size_under_a_lock(tmp_path):
-  run = _probe(tmp_path, "1", EIGHT_PROGRAMS, ASD_JAX_COMPILATION_CACHE_MB="2")
+  run = _probe(tmp_path, "1", _programs(), ASD_JAX_COMPILATION_CACHE_MB="2")
   assert run.returncode == 0, run.stderr
   folder = tmp_path / "xla"
   entries = sorted(folder.glob("*-cache"))
@@ -72,3 +77,26 @@ def test_a_bad_size_is_refused(monkeypatch, megabytes):
   with pytest.raises(ValueError, match="ASD_JAX_COMPILATION_CACHE_MB must be a whole number of "
                      f"megabytes above 0, got '{re.escape(megabytes)}'"):
     enable_compilation_cache()
+
+
+def test_an_entry_whose_write_never_finished_does_not_stop_later_writes(tmp_path):
+  # jax writes an entry's program, then its access time; a run killed in between (or a jax
+  # program writing to the folder without a size cap) leaves a program without one. jax's
+  # eviction reads every entry's access time before each write, so that one file made every
+  # later write fail with a warning: no program of the folder's owner was cached again.
+  run = _probe(tmp_path, "1", _programs(0), ASD_JAX_COMPILATION_CACHE_MB="64")
+  assert run.returncode == 0, run.stderr
+  folder = tmp_path / "xla"
+  tables = sorted(folder.glob("jit__lambda-*-cache"))  # the eight; jnp.ones etc. are cached too
+  assert len(tables) == 8
+  unfinished = tables[0].name.removesuffix("-cache")
+  (folder / f"{unfinished}-atime").unlink()
+
+  run = _probe(tmp_path, "1", _programs(100), ASD_JAX_COMPILATION_CACHE_MB="64")
+  assert run.returncode == 0, run.stderr
+  assert "persistent compilation cache" not in run.stderr, run.stderr
+  entries = {e.name.removesuffix("-cache") for e in folder.glob("*-cache")}
+  assert unfinished not in entries  # dropped: it may be cut short, and costs one compile
+  # The first run's other seven kept, the second run's eight written, each with its time.
+  assert len([e for e in entries if e.startswith("jit__lambda-")]) == 7 + 8
+  assert entries == {e.name.removesuffix("-atime") for e in folder.glob("*-atime")}
