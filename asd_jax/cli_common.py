@@ -72,8 +72,9 @@ def _drop_unfinished_entries(folder: str) -> None:
   a program and then its access time; a run killed in between, or a jax program using the
   folder without a size cap, leaves a program without one. Its eviction reads every entry's
   time before each write, so that one file made every later write fail (a warning each, no
-  program cached again). Dropped rather than given a time: it may be cut short; it costs one
-  compile."""
+  program cached again): jax-ml/jax#39880, fixed upstream by #39883 but not in jax 0.10.2,
+  which this repo installs. Dropped rather than given a time: it may be cut short; it costs
+  one compile."""
   import filelock
   if not os.path.isdir(folder):
     return
