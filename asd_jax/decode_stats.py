@@ -6,7 +6,10 @@ tau (mean accepted length) = mean over verification rounds of (accepted draft to
 tokens committed per target forward, counting the recovery/bonus token (the EAGLE, SGLang and
 vLLM convention). Plain decoding has tau = 1. The batch value weights rows by their rounds.
 Accepted drafts that are not output (past an EOS or max_new_tokens in a row's last round) do
-not count in tau, accepted_B or accepted_per_position_BxK. asd_exceptions_B and asd_spent_B are
+not count in tau, accepted_B or accepted_per_position_BxK. That round still counts its +1 when
+the row ended on one of its drafts, whose bonus token is not output either: a row's tau can
+exceed (its tokens from rounds) / rounds by 1 / rounds (seen on SmolLM2: 12 new tokens, one
+from the prefill, 8 rounds, tau 1.5 rather than 11/8). asd_exceptions_B and asd_spent_B are
 the verifier's own account, which includes them: the ledger was charged when the block was
 accepted, and the two describe the same decisions.
 """
