@@ -111,12 +111,17 @@ def peek_vocab_size(name_or_path: str | os.PathLike) -> int | None:
   than after the load (~8 s for SmolLM2 on two cores)."""
   resolved = resolve_checkpoint(name_or_path)
   folder = (Path(resolved.path) if resolved.kind == "hf_folder"
-            else cache_entry_dir(resolved) / "model")
+            else _converted_model_dir(resolved))
   try:
     vocab = json.loads((folder / CONFIG_FILE).read_text())["vocab_size"]
   except (OSError, ValueError, KeyError, TypeError):
     return None
   return vocab if type(vocab) is int and vocab > 0 else None
+
+
+def _converted_model_dir(resolved: ResolvedCheckpoint) -> Path:
+  """Where a GGUF's float32 conversion (config.json + model.safetensors) is cached."""
+  return cache_entry_dir(resolved) / "model"
 
 
 def load_checkpoint(name_or_path: str | os.PathLike, cache: bool = True
@@ -132,7 +137,7 @@ def load_checkpoint(name_or_path: str | os.PathLike, cache: bool = True
   if not cache:
     return load_gguf(resolved.path)
 
-  folder = cache_entry_dir(resolved) / "model"
+  folder = _converted_model_dir(resolved)
   if (folder / CONFIG_FILE).is_file() and (folder / WEIGHTS_FILE).is_file():
     try:
       return load_hf_folder(folder)

@@ -1,7 +1,7 @@
 """ASD_JAX_COMPILATION_CACHE: the CLIs' persistent compilation cache goes where
 ASD_JAX_CACHE_DIR says, stays off at 0, keeps to ASD_JAX_COMPILATION_CACHE_MB under a file lock,
-drops an entry a killed run left unfinished, and a bad value is a clear error. Each case runs in a fresh interpreter, because the jax
-settings it changes are process-wide."""
+drops an entry a killed run left unfinished, and a bad value is a clear error. Each case runs
+in a fresh interpreter, because the jax settings it changes are process-wide."""
 
 import os
 import re
