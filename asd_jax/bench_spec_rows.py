@@ -44,15 +44,15 @@ def spec_row(draft: str, *, k: int, tree: TreeShape | None, rule: str,
       out = setup.decode(setup.target_fns, setup.target_params, setup.drafter, setup.params,
                          prompt, lengths, max_new_tokens=n, rule=rule, asd_config=asd_config,
                          eos_ids=ctx.eos_ids, max_new_B=max_new_B)
-      tokens, counts, nonfinite, rounds, accepted, per_position = jax.device_get(
+      tokens, counts, nonfinite, rounds, round_tokens, per_position = jax.device_get(
           (out.tokens_BxN, out.num_generated_B, out.nonfinite_B, out.stats.rounds_B,
-           out.stats.accepted_B, out.stats.accepted_per_position_BxK))
+           out.stats.round_tokens_B, out.stats.accepted_per_position_BxK))
       if nonfinite[:len(rows)].any():
         raise ValueError("non-finite logits during the benchmark")
       live = slice(0, len(rows))
       return BatchOutput([tokens[b, :counts[b]].tolist() for b in range(len(rows))],
                          rounds=int(rounds[live].sum()),
-                         round_tokens=int(rounds[live].sum() + accepted[live].sum()),
+                         round_tokens=int(round_tokens[live].sum()),
                          accepted_per_position=tuple(
                              int(c) for c in per_position[live].sum(axis=0)))
 

@@ -110,11 +110,12 @@ def commit_round(state: RoundState, draft_BxK, verdict, max_new_B, eos_ids,
 
   live_B = ~state.done_B
   s = state.stats
-  # tau counts committed tokens: a row's last round may accept drafts past an EOS or past
-  # max_new_tokens, and those are not output, so only the committed drafts count.
+  # The stats count output tokens only: a row's last round may accept drafts past an EOS, a stop
+  # string or max_new_tokens, and then neither they nor the round's bonus token are output.
   committed_drafts_B = jnp.where(active_B, jnp.minimum(a_B, count_B), 0)
   stats = DecodeStats(
       rounds_B=s.rounds_B + live_B,
+      round_tokens_B=s.round_tokens_B + count_B,
       accepted_B=s.accepted_B + committed_drafts_B,
       accepted_per_position_BxK=s.accepted_per_position_BxK
       + (jnp.arange(k)[None] < committed_drafts_B[:, None]),
@@ -169,7 +170,7 @@ def initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampl
       recent_Bx2=jnp.stack([last_prompt_B, first_B], axis=1),
       done_B=~emit_B | (emit_B & first_eos_B) | stopped_B | (num_generated_B >= max_new_B),
       nonfinite_B=~first_ok_B,
-      stats=DecodeStats(rounds_B=zeros_B, accepted_B=zeros_B,
+      stats=DecodeStats(rounds_B=zeros_B, round_tokens_B=zeros_B, accepted_B=zeros_B,
                         accepted_per_position_BxK=jnp.zeros((b, depth), jnp.int32),
                         asd_exceptions_B=zeros_B, asd_spent_B=jnp.zeros((b,), jnp.float32)),
       target_cache=target_cache, drafter_state=drafter_state, rng=rng,

@@ -2,16 +2,17 @@
 
 Shape notation: B rows, K draft block length.
 
-tau (mean accepted length) = mean over verification rounds of (accepted draft tokens + 1):
-tokens committed per target forward, counting the recovery/bonus token (the EAGLE, SGLang and
-vLLM convention). Plain decoding has tau = 1. The batch value weights rows by their rounds.
-Accepted drafts that are not output (past an EOS or max_new_tokens in a row's last round) do
-not count in tau, accepted_B or accepted_per_position_BxK. That round still counts its +1 when
-the row ended on one of its drafts, whose bonus token is not output either: a row's tau can
-exceed (its tokens from rounds) / rounds by 1 / rounds (seen on SmolLM2: 12 new tokens, one
-from the prefill, 8 rounds, tau 1.5 rather than 11/8). asd_exceptions_B and asd_spent_B are
-the verifier's own account, which includes them: the ledger was charged when the block was
-accepted, and the two describe the same decisions.
+tau (mean accepted length) = tokens a row's verification rounds output / its rounds: the
+accepted drafts plus the recovery/bonus token of each round, i.e. tokens committed per target
+forward (the EAGLE, SGLang and vLLM convention; the prefill's token is not a round's). Plain
+decoding has tau = 1. The batch value weights rows by their rounds. A row's last round may
+accept drafts past an EOS, a stop string or max_new_tokens; those are not output and count in
+neither tau, accepted_B nor accepted_per_position_BxK, and when the row ends on one of the
+round's drafts the round's own bonus token is not output and not counted either (before
+2026-12-07 it was: tau read up to 1 / rounds high, e.g. 12 new tokens on SmolLM2, one from the
+prefill, 8 rounds: 1.5 rather than 11/8). asd_exceptions_B and asd_spent_B are the verifier's
+own account, which includes them: the ledger was charged when the block was accepted, and the
+two describe the same decisions.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ class DecodeStats:
   """Per-row counters accumulated over the rounds a row was active.
 
   rounds_B: verification rounds (target forwards after prefill).
+  round_tokens_B: tokens the rounds output (accepted drafts and bonus tokens): a row's
+    num_generated less the prefill's token.
   accepted_B: accepted draft tokens summed over rounds.
   accepted_per_position_BxK: rounds that accepted at least j+1 draft tokens, for each j.
   asd_exceptions_B: accepted draft tokens that differ from the target argmax: ASD's
@@ -36,6 +39,7 @@ class DecodeStats:
   """
 
   rounds_B: jax.Array
+  round_tokens_B: jax.Array
   accepted_B: jax.Array
   accepted_per_position_BxK: jax.Array
   asd_exceptions_B: jax.Array
@@ -45,18 +49,18 @@ class DecodeStats:
     """A row without verification rounds (max_new_tokens 1: its token came from the prefill)
     has tau 1, as plain decoding does."""
     rounds = np.asarray(self.rounds_B, np.float64)
-    return np.where(rounds > 0, (np.asarray(self.accepted_B) + rounds) / np.maximum(rounds, 1),
-                    1.0)
+    return np.where(rounds > 0, np.asarray(self.round_tokens_B) / np.maximum(rounds, 1), 1.0)
 
   def summary(self) -> dict:
     """JSON-ready aggregate over rows (tau weighted by rounds)."""
     rounds = np.asarray(self.rounds_B, np.int64)
     accepted = np.asarray(self.accepted_B, np.int64)
+    round_tokens = int(np.asarray(self.round_tokens_B, np.int64).sum())
     total_rounds = int(rounds.sum())
     per_pos = np.asarray(self.accepted_per_position_BxK, np.int64).sum(axis=0)
     return {
         "rounds": total_rounds,
-        "tau": float((accepted.sum() + total_rounds) / total_rounds) if total_rounds else 1.0,
+        "tau": round_tokens / total_rounds if total_rounds else 1.0,
         "tau_per_row": [round(float(t), 4) for t in self.tau_per_row()],
         "acceptance_rate": float(accepted.sum() / max(total_rounds * per_pos.shape[0], 1)),
         "accepted_per_position": [float(c / max(total_rounds, 1)) for c in per_pos],

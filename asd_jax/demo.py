@@ -93,14 +93,14 @@ def main() -> None:
     for name, out in outputs.items():
       seconds = medians[name]
       tokens = _tokens(out)
-      t = totals.setdefault(name, {"tokens": 0, "seconds": 0.0, "rounds": 0, "accepted": 0,
+      t = totals.setdefault(name, {"tokens": 0, "seconds": 0.0, "rounds": 0, "round_tokens": 0,
                                    "same": 0, "exceptions": 0})
       t["tokens"] += len(tokens)
       t["seconds"] += seconds
       t["same"] += tokens == plain_tokens
       if name != "plain":
         t["rounds"] += int(np.asarray(out.stats.rounds_B).sum())
-        t["accepted"] += int(np.asarray(out.stats.accepted_B).sum())
+        t["round_tokens"] += int(np.asarray(out.stats.round_tokens_B).sum())
         t["exceptions"] += int(np.asarray(out.stats.asd_exceptions_B).sum())
       line.append(f"{len(tokens) / seconds:.0f}")
     print(f"  question {p.prompt_id} ({len(plain_tokens)} tokens): tok/s " + " | ".join(
@@ -110,7 +110,7 @@ def main() -> None:
   print(f"\n{'configuration':<28} {'tok/s':>7} {'tau':>5} {'vs plain':>9}  same text as plain")
   for name, t in totals.items():
     rate = t["tokens"] / t["seconds"]
-    tau = (t["accepted"] + t["rounds"]) / t["rounds"] if t["rounds"] else 1.0
+    tau = t["round_tokens"] / t["rounds"] if t["rounds"] else 1.0
     same = "-" if name == "plain" else f"{t['same']}/{len(prompts)}"
     if name.endswith("ASD paper"):
       same += f" ({t['exceptions']} exceptions accepted)"

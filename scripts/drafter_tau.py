@@ -86,13 +86,13 @@ def main(argv=None) -> int:
       out = setup.decode(setup.target_fns, setup.target_params, setup.drafter, setup.params,
                          prompt, np.array([len(ids)], np.int32),
                          max_new_tokens=args.max_new_tokens, rule="strict", eos_ids=eos)
-      n, rounds, accepted = (int(x[0]) for x in jax.device_get(
-          (out.num_generated_B, out.stats.rounds_B, out.stats.accepted_B)))
+      n, rounds, round_tokens = (int(x[0]) for x in jax.device_get(
+          (out.num_generated_B, out.stats.rounds_B, out.stats.round_tokens_B)))
       tokens = np.asarray(out.tokens_BxN)[0, :n].tolist()
       previous = outputs.setdefault(bp.prompt_id, tokens)
       s = per_suite.setdefault(bp.suite, [0, 0, 0, 0])
       s[0] += rounds
-      s[1] += rounds + accepted
+      s[1] += round_tokens
       s[2] += n
       s[3] += int(previous != tokens)
     row = {suite: {"tau": v[1] / max(v[0], 1), "rounds": v[0], "tokens": v[2],

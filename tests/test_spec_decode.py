@@ -188,14 +188,15 @@ def test_eos_inside_an_accepted_block_truncates_exactly():
   assert out.tokens_BxN[1].tolist() == list(range(12, 24))
   # Row 1: first token from prefill, then rounds of K + 1 = 5 tokens: 1 + 5 + 5 + 1.
   assert out.stats.rounds_B.tolist() == [1, 3]
-  # tau counts only the drafts that are output, plus each round's +1: row 0's one round accepts
-  # all 4 drafts but the EOS (the third) ends the answer, and row 1's last round accepts 4 with
-  # room for 1. Counting all accepted drafts gave tau 5.0 for both rows instead of 4.0. The +1
-  # of a round that ends on a draft is a bonus token not output either (asd_jax/decode_stats.py):
-  # row 0's round output 3 tokens, and tau is 4.0.
+  # tau counts only the tokens that are output: row 0's one round accepts all 4 drafts but the
+  # EOS (the third) ends the answer, and row 1's last round accepts 4 with room for 1; neither
+  # outputs that round's bonus token. Counting all accepted drafts gave tau 5.0 for both rows;
+  # counting every round's +1 gave 4.0 for both.
   assert out.stats.accepted_B.tolist() == [3, 4 + 4 + 1]
+  assert out.stats.round_tokens_B.tolist() == [3, 5 + 5 + 1]
   assert out.stats.accepted_per_position_BxK.tolist() == [[1, 1, 1, 0], [3, 2, 2, 2]]
-  np.testing.assert_allclose(out.stats.tau_per_row(), [4.0, 4.0])
+  np.testing.assert_allclose(out.stats.tau_per_row(), [3.0, 11 / 3])
+  assert out.stats.summary()["tau"] == 14 / 4
 
 
 def test_tau_is_one_without_verification_rounds():
@@ -210,8 +211,9 @@ def test_tau_is_one_without_verification_rounds():
   out = asd_decode(target, None, drafter, None, prompt, lengths, max_new_tokens=6,
                    max_new_B=np.array([0, 1, 6]))
   assert out.stats.rounds_B.tolist() == [0, 0, 2]
-  np.testing.assert_allclose(out.stats.tau_per_row(), [1.0, 1.0, 3.0])  # 1 + 4 + 1 tokens
-  assert out.stats.summary()["tau"] == 3.0
+  # Row 2: the prefill's token, then a round of K + 1 = 4 and one cut to 1 by max_new.
+  np.testing.assert_allclose(out.stats.tau_per_row(), [1.0, 1.0, 2.5])
+  assert out.stats.summary()["tau"] == 2.5
 
 
 def test_wrong_drafter_still_gives_target_output():

@@ -80,9 +80,10 @@ def test_a_row_ends_with_the_token_that_completes_a_stop_string(engine):
       assert stop.find(_decode(got[:n])) is not None
       assert stop.find(_decode(got[:n - 1])) is None
   if engine != "plain":
-    # The stats count only kept tokens: prefill's token, then each round's kept drafts and
+    # The stats count only kept tokens: the prefill's token, then each round's kept drafts and
     # its own token, which a stop inside the last round's drafts leaves out.
     stats = result.stats
+    np.testing.assert_array_equal(np.asarray(stats.round_tokens_B) + 1, expected)
     assert int(stats.accepted_B[0]) + int(stats.rounds_B[0]) + 1 - expected[0] in (0, 1)
 
 
