@@ -21,7 +21,7 @@ from asd_jax.drafter_api import ChainDrafter, lm_chain_drafter
 from asd_jax.lm_api import LanguageModelFns
 from asd_jax.ngram_drafter import ngram_drafter, parse_ngram_name, uses_store
 from asd_jax.request_checks import check_positive_int
-from models.errors import CheckpointError
+from models.errors import CheckpointError, UnknownModelError
 from models.load import LoadedModel
 from models.lm_fns import decoder_fns
 
@@ -78,13 +78,24 @@ def infer_kind(name_or_path: str | os.PathLike) -> str:
     return "standalone"
   if parse_ngram_name(str(name_or_path)) is not None:
     return "ngram"
-  from models.drafter_folder import resolve_drafter
-  folder = resolve_drafter(name_or_path)
+  folder = _drafter_folder(name_or_path)
   try:
     hf = json.loads((Path(folder) / "config.json").read_text())
   except (OSError, ValueError) as e:
     raise CheckpointError(f"{folder}/config.json: unreadable ({e})") from None
   return kind_of_config(hf)
+
+
+def _drafter_folder(name_or_path: str | os.PathLike) -> Path:
+  """resolve_drafter, whose error for an unknown name also names the drafters that need no
+  folder (a user who typed 'ngarm' learns the n-gram names, not only the folder names)."""
+  from models.drafter_folder import resolve_drafter
+  try:
+    return resolve_drafter(name_or_path)
+  except UnknownModelError as e:
+    raise UnknownModelError(f"{e}; the drafters without a folder are 'self' (the target drafts "
+                            "for itself), 'ngram', 'ngram:MAX' and 'ngram:MIN-MAX', each n-gram "
+                            "name optionally with '+store'") from None
 
 
 def kind_of_config(hf: dict) -> str:
@@ -111,23 +122,23 @@ def ngram_store_for(target_name: str, vocab_size: int):
 def check_drafter_request(name_or_path: str | os.PathLike, kind: str | None,
                           tree: TreeShape | None) -> None:
   """The checks of setup_drafter that need no model, so a CLI can run them before its load:
-  a malformed n-gram name, an unknown kind, a kind other than the one the drafter's
-  config.json holds, and a tree for the chain-only n-gram drafter."""
+  a malformed n-gram name, an unknown kind, an unknown drafter name or a folder without a
+  readable config.json, a kind other than the one that config.json holds, and a tree for the
+  chain-only n-gram drafter."""
   sizes = parse_ngram_name(str(name_or_path))  # raises on a malformed 'ngram:...' name
   if kind is not None and kind not in KINDS:
     raise ValueError(f"unknown drafter kind {kind!r}; choose one of {KINDS}")
-  if kind is not None and kind != "ngram":
-    # Loading an EAGLE-3 folder as Medusa (or back) fails deep in the engine otherwise.
-    held = infer_kind(name_or_path)
-    if held != kind:
-      raise ValueError(f"drafter {str(name_or_path)!r} is of kind {held!r}, but kind "
-                       f"{kind!r} was requested (--drafter {kind}); pass --drafter {held} "
-                       "or leave it out")
   if kind == "ngram" and sizes is None:
     raise ValueError(f"drafter kind 'ngram' needs an n-gram drafter name ('ngram', "
                      f"'ngram:MAX' or 'ngram:MIN-MAX', optionally with '+store'), got "
                      f"{name_or_path!r}")
-  if (kind or ("ngram" if sizes else None)) == "ngram" and tree is not None:
+  held = infer_kind(name_or_path)
+  # Loading an EAGLE-3 folder as Medusa (or back) fails deep in the engine otherwise.
+  if kind is not None and held != kind:
+    raise ValueError(f"drafter {str(name_or_path)!r} is of kind {held!r}, but kind "
+                     f"{kind!r} was requested (--drafter {kind}); pass --drafter {held} "
+                     "or leave it out")
+  if held == "ngram" and tree is not None:
     raise ValueError("the n-gram drafter drafts chains only; drop --tree")
 
 
@@ -162,8 +173,7 @@ def setup_drafter(name_or_path: str, target: LoadedModel, *, k: int,
     return DrafterSetup(kind, drafter, params, plain_fns, plain_params)
 
   from models.drafter_checkpoint import load_drafter
-  from models.drafter_folder import resolve_drafter
-  model = load_drafter(resolve_drafter(name_or_path), target, dtype=dtype)
+  model = load_drafter(_drafter_folder(name_or_path), target, dtype=dtype)
   shape = tree or TreeShape(depth=k, top_k=1, num_nodes=k)
   if kind == "eagle3":
     from models.eagle3 import eagle3_fns

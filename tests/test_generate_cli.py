@@ -10,6 +10,11 @@ from tests.test_bench_cli import tiny_target  # noqa: F401  (module fixture)
 
 @pytest.mark.parametrize("argv,message", [
     (["--target", "no-such-model", "--prompt", "hi"], "unknown model 'no-such-model'"),
+    # The drafter's name is checked before the target is looked up (nothing is loaded), and the
+    # message names the drafters that need no folder.
+    (["--target", "no-such-model", "--prompt", "hi", "--draft", "ngarm"],
+     "and no such folder; the drafters without a folder are 'self' (the target drafts for "
+     "itself), 'ngram'"),
     (["--prompt", "   "], "empty prompt"),
     (["--prompt-ids", ""], "empty prompt"),
     (["--prompt-ids", "1,x"], "comma-separated integers"),
