@@ -76,6 +76,7 @@ TAU = [
     (["--suite", "foo"], "unknown suite 'foo'"),
     (["--draft", "self,,ngram"], "--draft 'self,,ngram' has an empty entry"),
     (["--draft", "ngram"], "the n-gram drafter drafts chains only"),
+    (["--draft", "self,no-such-drafter"], "unknown drafter 'no-such-drafter'"),
     (["--json", "{a_folder}"], "is a folder, not a file"),
     (["--json", "{a_file}/out.json"], "is a file, not a folder"),
 ]
@@ -146,9 +147,9 @@ def test_simulate_checks_cost_before_decoding_answers(paths, capsys):
 def test_good_flags_pass_the_checks(paths, tmp_path):
   from asd_jax.draft_tree import TreeShape
   args = drafter_tau.build_parser().parse_args(
-      ["--draft", "a,b", "--json", str(tmp_path / "new" / "tau.json")])
+      ["--draft", "self,smollm2-135m-eagle3", "--json", str(tmp_path / "new" / "tau.json")])
   assert drafter_tau.check_args(args) == (("mt_bench", "humaneval"), TreeShape(4, 4, 16),
-                                          ["a", "b"])
+                                          ["self", "smollm2-135m-eagle3"])
   parse = simulate_ngram_widths.build_parser().parse_args
   args = parse(["--answers", paths["answers"], "--cost", COST, "--ks", "5", "--measure",
                 "8", "--measure-ks", "5,7"])
