@@ -69,6 +69,14 @@ def test_simulated_tau_replays_chain_rounds():
   out = simulated_tau(ranks, mask, np.array([10]), depth=3, top_k=2)
   assert out["rounds"] == 4 and out["tau"] == pytest.approx((3 + 4) / 4)
   assert simulated_tau(ranks, mask, np.array([10]), depth=3, top_k=1)["tau"] == 3.5
+  # depth 4: round 2 accepts the last 4 response tokens (6..9), so its own token would come
+  # after the response and is not counted: 3 + 4 tokens in 2 rounds, not 3 + 5.
+  ranks4 = np.concatenate([ranks, np.full((1, 12, 1), 5)], axis=2)
+  ranks4[0, 1, 2] = 7
+  ranks4[0, 4, 3] = 0
+  out = simulated_tau(ranks4, mask, np.array([10]), depth=4)
+  assert out["rounds"] == 2 and out["tau"] == (3 + 4) / 2
+  assert out["accepted_per_position"] == [1.0, 1.0, 0.5, 0.5]
 
 
 def test_ttt_visibility():
