@@ -75,7 +75,7 @@ def main(argv=None) -> int:
   results = {"config": vars(args), "drafters": {}}
   outputs = {}
   for draft in drafts:
-    setup = setup_drafter(draft, loaded, k=args.k, tree=tree)
+    setup = setup_drafter(draft, loaded, k=args.k, tree=tree, target_name=args.target)
     per_suite: dict[str, list[int]] = {}
     start = time.perf_counter()
     for bp in prompts:
@@ -86,21 +86,25 @@ def main(argv=None) -> int:
       out = setup.decode(setup.target_fns, setup.target_params, setup.drafter, setup.params,
                          prompt, np.array([len(ids)], np.int32),
                          max_new_tokens=args.max_new_tokens, rule="strict", eos_ids=eos)
-      n, rounds, round_tokens = (int(x[0]) for x in jax.device_get(
-          (out.num_generated_B, out.stats.rounds_B, out.stats.round_tokens_B)))
+      n, rounds, round_tokens, accepted = (int(x[0]) for x in jax.device_get(
+          (out.num_generated_B, out.stats.rounds_B, out.stats.round_tokens_B,
+           out.stats.accepted_B)))
       tokens = np.asarray(out.tokens_BxN)[0, :n].tolist()
       previous = outputs.setdefault(bp.prompt_id, tokens)
-      s = per_suite.setdefault(bp.suite, [0, 0, 0, 0])
+      s = per_suite.setdefault(bp.suite, [0, 0, 0, 0, 0])
       s[0] += rounds
       s[1] += round_tokens
       s[2] += n
       s[3] += int(previous != tokens)
+      s[4] += accepted
+    # accepted_drafts gives the tau recorded before 2026-12-07, (accepted + rounds) / rounds,
+    # which also counted the unoutput bonus token of a round that ended an answer on a draft.
     row = {suite: {"tau": v[1] / max(v[0], 1), "rounds": v[0], "tokens": v[2],
-                   "outputs_differing_from_first_drafter": v[3]}
+                   "accepted_drafts": v[4], "outputs_differing_from_first_drafter": v[3]}
            for suite, v in per_suite.items()}
     rounds = sum(v[0] for v in per_suite.values())
     row["all"] = {"tau": sum(v[1] for v in per_suite.values()) / max(rounds, 1),
-                  "rounds": rounds}
+                  "rounds": rounds, "accepted_drafts": sum(v[4] for v in per_suite.values())}
     row["seconds"] = round(time.perf_counter() - start, 1)
     results["drafters"][draft] = row
     print(draft, json.dumps(row), flush=True)
