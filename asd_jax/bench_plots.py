@@ -8,8 +8,9 @@ Writes:
   the share of outputs that differ from strict (natural-EOS run when there is one);
 - acceptance_per_position.png: per drafter and shape, the share of verification rounds that
   accepted at least j draft tokens (strict rows, and ASD paper rows dashed);
-- tau_histogram.png: the distribution of tokens committed per round (accepted + 1) of the
-  strict and ASD rows; its mean is tau.
+- tau_histogram.png: the distribution of (accepted drafts + 1) per round of the strict and ASD
+  rows; its mean is tau, except that an answer whose last round ended on a draft adds 1 / rounds
+  (that round's own token was not output, and tau does not count it).
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ def plot_tau_histogram(rows: Sequence[dict], path: Path, title: str) -> None:
     xs = [j + 1 + (i - (len(chosen) - 1) / 2) * width for j in range(len(hist))]
     ax.bar(xs, [h / total for h in hist], width,
            label=f"{row['name']} (tau {row['tau']:.2f})")
-  ax.set_xlabel("tokens committed per verification round (accepted + 1)")
+  ax.set_xlabel("accepted drafts + 1 per verification round")
   ax.set_ylabel("share of rounds")
   ax.grid(alpha=0.3, axis="y")
   ax.legend(fontsize=7)
