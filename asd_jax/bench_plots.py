@@ -21,6 +21,8 @@ import re
 from pathlib import Path
 from typing import Sequence
 
+from asd_jax.cli_common import check_output_path
+
 FILES = ("asd_speed_quality.png", "acceptance_per_position.png", "tau_histogram.png")
 
 
@@ -143,8 +145,16 @@ def main(argv=None) -> None:
   p.add_argument("json", help="a JSON file written by python -m asd_jax.bench --json")
   p.add_argument("--out", default="docs/bench", help="output folder (default docs/bench)")
   args = p.parse_args(argv)
-  with open(args.json, encoding="utf-8") as f:
-    report = json.load(f)
+  try:
+    report = json.loads(Path(args.json).read_text(encoding="utf-8"))
+  except (OSError, ValueError) as e:
+    p.error(f"{args.json}: cannot read it as JSON ({e})")
+  if not isinstance(report, dict) or not isinstance(report.get("rows"), list):
+    p.error(f"{args.json}: not a report of python -m asd_jax.bench --json (no list of rows)")
+  try:
+    check_output_path(args.out, "--out", folder=True)
+  except ValueError as e:
+    p.error(str(e))
   for path in plot_report(report, args.out):
     print(f"wrote {path}")
 

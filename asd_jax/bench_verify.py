@@ -25,6 +25,7 @@ import numpy as np
 
 from asd_jax.asd_config import PAPER
 from asd_jax.asd_verify import asd_verify
+from asd_jax.cli_common import check_output_path
 from asd_jax.greedy_verify import greedy_verify
 
 
@@ -93,12 +94,19 @@ def main(argv=None) -> int:
                       help="rough timing budget per batch size")
   parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
   args = parser.parse_args(argv)
-  if args.k < 1 or args.vocab < 1 or args.forward_ms <= 0:
-    parser.error("--k and --vocab must be >= 1 and --forward-ms > 0")
+  if args.k < 1 or args.vocab < 1 or args.forward_ms <= 0 or args.seconds <= 0:
+    parser.error("--k and --vocab must be >= 1, --forward-ms and --seconds > 0")
   try:
     batches = [int(b) for b in args.batches.split(",")]
   except ValueError:
     parser.error(f"--batches must be comma-separated ints, got {args.batches!r}")
+  if min(batches) < 1:
+    parser.error(f"--batches must be positive, got {args.batches!r}")
+  if args.json:
+    try:  # refused now, not after the timing
+      check_output_path(args.json, "--json")
+    except ValueError as e:
+      parser.error(str(e))
 
   rows = run(batches, args.k, args.vocab, jnp.dtype(args.dtype), args.forward_ms, args.seconds)
   device = jax.devices()[0]
