@@ -175,10 +175,14 @@ def _line_stop(record: dict, where: str) -> tuple[str, ...]:
   return tuple(stop)
 
 
+PROMPT_RECORD_KEYS = frozenset({"prompt", "stop"})  # a .jsonl prompts file line's keys
+
+
 def read_prompts_file(path: str) -> list[PromptLine]:
   """The requests of a prompts file, in order: one user message per line, or, for a `.jsonl`
   file, one JSON object per line with a string "prompt" (a message with newlines in it) and
-  optionally "stop" (a string or a list: that answer's own stop strings). Trailing blank lines
+  optionally "stop" (a string or a list: that answer's own stop strings); any other key is
+  refused (a misspelt "stops" would otherwise be dropped without a word). Trailing blank lines
   are dropped; a blank line or message between prompts is refused, as a hole in the file is
   likelier a mistake than a prompt."""
   import json
@@ -204,6 +208,11 @@ def read_prompts_file(path: str) -> list[PromptLine]:
         raise ValueError(f"{flag}: line {number} is not JSON ({e})") from None
       if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
         raise ValueError(f'{flag}: line {number} must be an object with a string "prompt"')
+      unknown = sorted(set(record) - PROMPT_RECORD_KEYS)
+      if unknown:
+        raise ValueError(f"{flag}: line {number} has key(s) {', '.join(map(repr, unknown))}, "
+                         f"which a request does not take; the keys are "
+                         f"{', '.join(map(repr, sorted(PROMPT_RECORD_KEYS)))}")
       line, stop = record["prompt"], _line_stop(record, f"{flag}: line {number}")
     else:
       stop = ()

@@ -203,6 +203,8 @@ def test_asd_settings_from_the_preset_and_k_from_the_drafter(tiny_target, capsys
     ("stop.jsonl", '{"prompt": "a"}\n{"prompt": "b", "stop": 3}\n',
      'line 2: "stop" must be a string or a list of strings'),
     ("stops.jsonl", '{"prompt": "a", "stop": ["x", ""]}\n', 'line 1: an empty "stop" string'),
+    ("typo.jsonl", '{"prompt": "a"}\n{"prompt": "b", "stops": ["x"]}\n',
+     "line 2 has key(s) 'stops', which a request does not take; the keys are 'prompt', 'stop'"),
     ("latin1.txt", b"caf\xe9\n", "not UTF-8 text"),
 ])
 def test_a_bad_prompts_file_is_refused_before_the_model_loads(name, content, message, tmp_path,
