@@ -5,7 +5,7 @@ Checks three promises of the serving path:
   2. resident memory at the end within 10% of resident memory after warm-up,
   3. every output equal to the same request run alone (per-request seeds; rows are independent).
 
-    python scripts/load_test.py [--requests 512] [--batch 8] [--json load_test.json]
+    python scripts/load_test.py [--requests 512] [--batch 8] [--json out/load_test.json]
 
 Prints a table and writes JSON; exits 1 if a promise is broken.
 """
@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from asd_jax import spec_decode  # noqa: E402
 from asd_jax.asd_config import ASDConfig  # noqa: E402
+from asd_jax.cli_common import check_output_path  # noqa: E402
 from asd_jax.drafter_api import lm_chain_drafter  # noqa: E402
 from asd_jax.sampling import SamplingConfig  # noqa: E402
 from models.lm_fns import decoder_fns  # noqa: E402
@@ -88,8 +89,14 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--requests", type=int, default=512)
   p.add_argument("--batch", type=int, default=8)
-  p.add_argument("--json", default="load_test.json")
+  p.add_argument("--json", default="out/load_test.json")
   args = p.parse_args(argv)
+  if args.requests <= 0 or args.batch <= 0:  # no request would check nothing and report OK
+    p.error(f"--requests and --batch must be positive, got {args.requests} and {args.batch}")
+  try:
+    check_output_path(args.json, "--json")  # refused now, not after the run
+  except ValueError as e:
+    p.error(str(e))
 
   target = random_decoder(seed=0, vocab=VOCAB, num_layers=2, hidden=64)
   tfns, tparams = decoder_fns(target)
@@ -163,6 +170,7 @@ def main(argv=None) -> int:
   width = max(len(a) for a, _ in rows)
   for a, b in rows:
     print(f"{a:<{width}}  {b}")
+  Path(args.json).parent.mkdir(parents=True, exist_ok=True)
   Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
   print(f"wrote {args.json}")
   return 0 if ok else 1
