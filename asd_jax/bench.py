@@ -33,8 +33,8 @@ from asd_jax.bench_prompts import SUITES, load_prompts, parse_suites
 from asd_jax.bench_protocol import SCHEDULES
 from asd_jax.bench_rows import (PROMPT_BUCKET, BenchContext, PreparedRow, RowRunner,
                                make_batches, ours_plain_greedy, run_rows)
-from asd_jax.cli_common import (check_output_path, enable_compilation_cache, run_cli,
-                               split_list_flag)
+from asd_jax.cli_common import (check_output_path, check_positive_flags,
+                               enable_compilation_cache, run_cli, split_list_flag)
 from configs.model_pairs import apply_pair
 
 
@@ -307,12 +307,8 @@ def _check_args(args) -> tuple[tuple[str, ...], list[str]]:
   resolve_suite_flags(args)
   from asd_jax.bench_suite import parse_budgets
   parse_budgets(args.asd_budgets)
-  for flag, value in (("--num-prompts", args.num_prompts),
-                      ("--max-new-tokens", args.max_new_tokens),
-                      ("--batch-size", args.batch_size), ("--repeats", args.repeats),
-                      ("--prompt-bucket", args.prompt_bucket)):
-    if value <= 0:
-      raise ValueError(f"{flag} must be positive, got {value}")
+  check_positive_flags(args, "num_prompts", "max_new_tokens", "batch_size", "repeats",
+                       "prompt_bucket")
   if args.mode in ("spec", "suite"):
     shapes = row_shapes(args)   # a malformed --draft or --tree fails before the model loads
     from models.drafter_setup import check_drafter_request

@@ -107,6 +107,16 @@ def check_output_path(path: str, flag: str, *, folder: bool = False) -> None:
     raise ValueError(f"{flag} {path}: {existing} is not writable")
 
 
+def check_positive_flags(args, *names: str) -> None:
+  """Refuses a zero or negative value of each named argparse option (dest names, e.g.
+  'max_new_tokens' for --max-new-tokens): a count of 0 would run nothing, or divide by it.
+  Raises ValueError naming the flag."""
+  for name in names:
+    value = getattr(args, name)
+    if value <= 0:
+      raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
+
+
 def split_list_flag(text: str, flag: str) -> list[str]:
   """'a, b' -> ['a', 'b'] for a comma-separated option named `flag`.
 

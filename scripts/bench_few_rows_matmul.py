@@ -84,6 +84,8 @@ def main(argv=None) -> int:
   p.add_argument("--repeats", type=int, default=15)
   p.add_argument("--json", default="")
   args = p.parse_args(argv)
+  if args.repeats <= 0:
+    p.error(f"--repeats must be positive, got {args.repeats}")
   if not frm.native_available():
     print("the native kernel is unavailable on this machine (see the warning above)")
     return 1

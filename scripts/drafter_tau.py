@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from asd_jax.cli_common import check_output_path, run_cli
+from asd_jax.cli_common import check_output_path, check_positive_flags, run_cli
 
 
 def check_args(args):
@@ -29,10 +29,7 @@ def check_args(args):
   from asd_jax.cli_common import split_list_flag
   from asd_jax.draft_tree import TreeShape
   from models.drafter_setup import check_drafter_request
-  for flag, value in (("--k", args.k), ("--num-prompts", args.num_prompts),
-                      ("--max-new-tokens", args.max_new_tokens)):
-    if value <= 0:
-      raise ValueError(f"{flag} must be positive, got {value}")
+  check_positive_flags(args, "k", "num_prompts", "max_new_tokens")
   suites = parse_suites(args.suite)
   tree = TreeShape.parse(args.tree) if args.tree else None
   drafts = split_list_flag(args.draft, "--draft")

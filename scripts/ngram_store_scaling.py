@@ -35,6 +35,8 @@ def main(argv=None) -> int:
                  "(the engine's ngram+store default is 3)")
   p.add_argument("--json", default="")
   args = p.parse_args(argv)
+  if args.k <= 0:
+    p.error(f"--k must be positive, got {args.k}")
   answers = json.loads(Path(args.answers).read_text())
   manifest = json.loads((Path(args.store) / MANIFEST_FILE).read_text())
   with np.load(Path(args.store) / STORE_FILE) as data:

@@ -23,6 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # scripts.* when run as a file
 
+WIDEST_FORWARD = 17  # a 4,4,16 tree's verify forward: its 16 nodes and the root
+
 
 def _median_ms(fn, args, reps):
   import jax
@@ -101,6 +103,16 @@ def main(argv=None) -> int:
   p.add_argument("--loop-tokens", type=int, default=128, help="tokens per timed decode loop")
   p.add_argument("--json", default="")
   args = p.parse_args(argv)
+  from asd_jax.cli_common import check_positive_flags
+  try:
+    check_positive_flags(args, "capacity", "reps", "loop_tokens")
+  except ValueError as e:
+    p.error(str(e))
+  if not 0 <= args.position <= args.capacity - WIDEST_FORWARD:
+    # Slots past the cache would be dropped by the scatter and time a different forward.
+    p.error(f"--position must be in [0, --capacity - {WIDEST_FORWARD}] = [0, "
+            f"{args.capacity - WIDEST_FORWARD}] (the widest timed forward has "
+            f"{WIDEST_FORWARD} tokens), got {args.position}")
 
   import jax
   import jax.numpy as jnp
@@ -123,7 +135,7 @@ def main(argv=None) -> int:
     f = jax.jit(lambda p, c: fns.tree_forward(p, tokens, positions, slots, visible, c)[0])
     return _median_ms(f, (params, cache), args.reps)
 
-  rows = {f"target_T{t}": target_ms(t) for t in (1, 2, 3, 4, 5, 17)}
+  rows = {f"target_T{t}": target_ms(t) for t in (1, 2, 3, 4, 5, WIDEST_FORWARD)}
 
   sa = load_standalone_drafter("smollm2-135m-standalone", target=loaded)
   sfns, sparams = decoder_fns(sa)
@@ -150,7 +162,8 @@ def main(argv=None) -> int:
   setups = {
       "standalone chain K=2": (tau_sa, rows["target_T3"], 2 * rows["standalone_step_T1"]),
       "eagle3 chain K=3": (tau_e3c, rows["target_T4"], 3 * rows["eagle3_step_T1"]),
-      "eagle3 tree 4,4,16": (tau_e3t, rows["target_T17"], 4 * rows["eagle3_step_T4"]),
+      "eagle3 tree 4,4,16": (tau_e3t, rows[f"target_T{WIDEST_FORWARD}"],
+                             4 * rows["eagle3_step_T4"]),
   }
   print(f"{'forward':<22} {'ms':>8} {'x plain step':>12}")
   for k, v in rows.items():

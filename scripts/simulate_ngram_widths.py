@@ -43,7 +43,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # scripts.* when run as a file
 
 from asd_jax.cli_common import (  # noqa: E402
-    attach_dash_values, check_output_path, run_cli, split_list_flag)
+    attach_dash_values, check_output_path, check_positive_flags, run_cli, split_list_flag)
 
 
 def own_lookup(hist, max_n, min_n):
@@ -315,10 +315,7 @@ def check_args(args):
   checked before the target loads or anything decodes."""
   from asd_jax.bench_prompts import parse_suites
   from asd_jax.sampling import SamplingConfig
-  for flag, value in (("--num-prompts", args.num_prompts),
-                      ("--max-new-tokens", args.max_new_tokens)):
-    if value <= 0:
-      raise ValueError(f"{flag} must be positive, got {value}")
+  check_positive_flags(args, "num_prompts", "max_new_tokens")
   if args.measure < 0:
     raise ValueError(f"--measure must be >= 0 (0: no real decoding), got {args.measure}")
   try:

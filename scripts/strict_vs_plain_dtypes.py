@@ -19,7 +19,7 @@ import sys
 
 import numpy as np
 
-from asd_jax.cli_common import check_output_path, run_cli
+from asd_jax.cli_common import check_output_path, check_positive_flags, run_cli
 
 DTYPES = ("float32", "bfloat16")
 
@@ -42,10 +42,7 @@ def check_args(args):
   from asd_jax.bench_prompts import parse_suites
   from asd_jax.cli_common import split_list_flag
   from models.drafter_setup import check_drafter_request
-  for flag, value in (("--k", args.k), ("--num-prompts", args.num_prompts),
-                      ("--max-new-tokens", args.max_new_tokens)):
-    if value <= 0:
-      raise ValueError(f"{flag} must be positive, got {value}")
+  check_positive_flags(args, "k", "num_prompts", "max_new_tokens")
   dtypes = split_list_flag(args.dtypes, "--dtypes")
   unknown = [d for d in dtypes if d not in DTYPES]
   if unknown:

@@ -19,7 +19,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from models.lm_fns import decoder_fns  # noqa: E402
 from models.load import load_decoder  # noqa: E402
-from asd_jax.cli_common import time_interleaved  # noqa: E402
+from asd_jax.cli_common import check_positive_flags, time_interleaved  # noqa: E402
 from scripts.decode_loop_timing import loop_runs  # noqa: E402
 
 
@@ -31,6 +31,10 @@ def main(argv=None) -> int:
   p.add_argument("--passes", type=int, default=5)
   p.add_argument("--json", default="")
   args = p.parse_args(argv)
+  try:
+    check_positive_flags(args, "k", "new_tokens", "passes")
+  except ValueError as e:
+    p.error(str(e))
   n = args.new_tokens
   runs = {}
   for label, blocks in (("float32", False), ("blocks", True)):

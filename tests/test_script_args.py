@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from scripts import (build_ngram_store, drafter_tau, simulate_ngram_widths,
-                     strict_vs_plain_dtypes)
+from scripts import (bench_few_rows_matmul, build_ngram_store, drafter_tau,
+                     ngram_store_scaling, profile_round, simulate_ngram_widths,
+                     strict_vs_plain_dtypes, time_decode_loop)
 
 COST = json.dumps({w: 1.0 + 0.1 * w for w in range(8)})
 
@@ -136,6 +137,28 @@ DTYPES = [
 @pytest.mark.parametrize("argv, message", DTYPES, ids=[" ".join(a) for a, _ in DTYPES])
 def test_strict_vs_plain_dtypes(argv, message, paths, capsys):
   assert_one_line_error(*run(strict_vs_plain_dtypes.main, argv, paths, capsys), message)
+
+
+# Timing scripts with argparse's own error form (usage, then "prog: error: ..."). A count of 0
+# ended in a traceback after the model load ("no median for empty data"); a --position past the
+# cache timed a forward whose writes were dropped.
+TIMING = [
+    (profile_round, ["--reps", "0"], "--reps must be positive, got 0"),
+    (profile_round, ["--loop-tokens", "-5"], "--loop-tokens must be positive, got -5"),
+    (profile_round, ["--position", "600"], "--position must be in [0, --capacity - 17] = [0, 495]"),
+    (profile_round, ["--capacity", "16", "--position", "0"], "= [0, -1]"),
+    (time_decode_loop, ["--passes", "0"], "--passes must be positive, got 0"),
+    (time_decode_loop, ["--k", "0"], "--k must be positive, got 0"),
+    (bench_few_rows_matmul, ["--repeats", "0"], "--repeats must be positive, got 0"),
+    (ngram_store_scaling, ["--answers", "{answers}", "--k", "0"], "--k must be positive, got 0"),
+]
+
+
+@pytest.mark.parametrize("script, argv, message", TIMING,
+                         ids=[f"{s.__name__.split('.')[-1]} {' '.join(a)}" for s, a, _ in TIMING])
+def test_timing_scripts(script, argv, message, paths, capsys):
+  code, err = run(script.main, argv, paths, capsys)
+  assert code == 2 and "error: " in err.splitlines()[-1] and message in err.splitlines()[-1], err
 
 
 def test_simulate_checks_cost_before_decoding_answers(paths, capsys):
