@@ -33,13 +33,16 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
-from asd_jax.cli_common import enable_compilation_cache, right_pad
+from asd_jax.cli_common import (check_output_path, check_positive_flags, enable_compilation_cache,
+                                right_pad, run_cli, split_list_flag)
 from asd_jax.drafter_api import lm_chain_drafter
 from asd_jax.greedy_verify import first_argmax
 from asd_jax.plain_decode import plain_decode
 from asd_jax.spec_decode import asd_decode
 from models.drafter_folder import (DRAFTERS_DIR, load_standalone_drafter,
                                    save_standalone_drafter)
+from models.errors import CheckpointError
+from models.hf_folder import check_replaceable
 from models.kv_cache import KVCache
 from models.llama import Decoder, num_parameters
 from models.lm_fns import decoder_fns
@@ -367,11 +370,40 @@ def build_parser():
   return p
 
 
+def check_args(args) -> tuple[int, ...]:
+  """The target layers to copy, after every flag is checked: the run generates its data and
+  trains for about an hour before it writes --out, so a bad flag must fail first."""
+  check_positive_flags(args, "num_prompts", "heldout_prompts", "max_new_tokens", "gen_batch",
+                       "steps", "batch_size", "seq_len", "k", "decode_prompts",
+                       "decode_max_new", "log_every", "lr")
+  for name in ("warmup", "eval_every", "weight_decay", "num_loss"):  # 0: off (num_loss: auto)
+    if getattr(args, name) < 0:
+      raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+  try:
+    init_layers = tuple(int(x) for x in split_list_flag(args.init_layers, "--init-layers"))
+  except ValueError as e:
+    raise ValueError(f"--init-layers must be comma-separated layer numbers ({e})") from None
+  if min(init_layers) < 0:
+    raise ValueError(f"--init-layers must be layer numbers >= 0, got {args.init_layers!r}")
+  if args.out:
+    check_output_path(args.out, "--out", folder=True)
+    try:
+      check_replaceable(args.out)
+    except CheckpointError as e:
+      raise ValueError(f"--out: {e}") from None
+  check_output_path(args.cache_dir, "--cache-dir", folder=True)
+  return init_layers
+
+
+@run_cli
 def main(argv=None):
   args = build_parser().parse_args(argv)
+  init_layers = check_args(args)
   enable_compilation_cache()
-  init_layers = tuple(int(x) for x in args.init_layers.split(","))
   lm = load_decoder(args.target)
+  if max(init_layers) >= lm.cfg.num_layers:
+    raise ValueError(f"--init-layers {args.init_layers}: {args.target} has layers 0 to "
+                     f"{lm.cfg.num_layers - 1}")
   tokenizer = load_tokenizer(args.target)
   check_tokenizer_fits(tokenizer, lm.cfg.vocab_size, args.target)
   log(f"loaded {args.target}: {lm.cfg.num_layers} layers, vocab {lm.cfg.vocab_size}")

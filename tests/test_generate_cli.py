@@ -156,13 +156,14 @@ def test_a_tokenizer_past_the_vocabulary_is_refused(tiny_target, tmp_path, capsy
     load_target(dataclasses.replace(get_preset("tiny"), target=str(folder)))
   # and so do the research scripts that encode prompts with it
   from scripts import distill_standalone_drafter, drafter_tau, simulate_ngram_widths, timing_noise
-  with pytest.raises(SystemExit) as e:
-    drafter_tau.main(["--target", str(folder), "--draft", "ngram", "--tree", "",
-                      "--num-prompts", "1"])
-  assert e.value.code == 2 and "106 tokens" in capsys.readouterr().err
+  for script_main, argv in ((drafter_tau.main, ["--draft", "ngram", "--tree", "",
+                                                "--num-prompts", "1"]),
+                            (distill_standalone_drafter.main,
+                             ["--out", str(tmp_path / "drafter")])):
+    with pytest.raises(SystemExit) as e:
+      script_main(["--target", str(folder), *argv])
+    assert e.value.code == 2 and "106 tokens" in capsys.readouterr().err
   for run in (lambda: simulate_ngram_widths.load_target(str(folder)),
-              lambda: distill_standalone_drafter.main(
-                  ["--target", str(folder), "--out", str(tmp_path / "drafter")]),
               lambda: timing_noise.main(["--target", str(folder), "--calls", "2"])):
     with pytest.raises(CheckpointError, match="106 tokens but the model's vocab_size is 96"):
       run()

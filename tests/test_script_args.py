@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from scripts import (bench_few_rows_matmul, build_ngram_store, drafter_tau,
-                     ngram_store_scaling, profile_round, simulate_ngram_widths,
+from scripts import (bench_few_rows_matmul, build_ngram_store, distill_standalone_drafter,
+                     drafter_tau, ngram_store_scaling, profile_round, simulate_ngram_widths,
                      strict_vs_plain_dtypes, time_decode_loop)
 
 COST = json.dumps({w: 1.0 + 0.1 * w for w in range(8)})
@@ -137,6 +137,30 @@ DTYPES = [
 @pytest.mark.parametrize("argv, message", DTYPES, ids=[" ".join(a) for a, _ in DTYPES])
 def test_strict_vs_plain_dtypes(argv, message, paths, capsys):
   assert_one_line_error(*run(strict_vs_plain_dtypes.main, argv, paths, capsys), message)
+
+
+DISTILL = [
+    (["--steps", "0"], "--steps must be positive, got 0"),
+    (["--lr", "0"], "--lr must be positive, got 0.0"),
+    (["--warmup", "-1"], "--warmup must be >= 0, got -1"),
+    (["--init-layers", "0,x"], "--init-layers must be comma-separated layer numbers"),
+    (["--init-layers", "0,,1"], "--init-layers must be comma-separated layer numbers"),
+    (["--init-layers", "-1"], "--init-layers must be layer numbers >= 0"),
+    (["--out", "{a_file}"], "--out {a_file} is a file, not a folder"),
+    (["--out", "{a_folder_with_data}"], "--out: "),
+]
+
+
+@pytest.mark.parametrize("argv, message", DISTILL, ids=[" ".join(a) for a, _ in DISTILL])
+def test_distill_standalone_drafter(argv, message, paths, tmp_path, capsys):
+  """Its run generates data and trains for about an hour before it writes --out."""
+  data = tmp_path / "a_folder_with_data"
+  data.mkdir()
+  (data / "notes.txt").write_text("mine")
+  code, err = run(distill_standalone_drafter.main, argv,
+                  {**paths, "a_folder_with_data": str(data)}, capsys)
+  assert_one_line_error(code, err, message.format(**paths))
+  assert (data / "notes.txt").read_text() == "mine"
 
 
 # Timing scripts with argparse's own error form (usage, then "prog: error: ..."). A count of 0
