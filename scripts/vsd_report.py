@@ -13,6 +13,9 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # asd_jax when run as a file
+from asd_jax.cli_common import check_output_path  # noqa: E402
+
 
 def last_eval(workdir: Path) -> dict:
   summary = json.loads((workdir / "summary.json").read_text())
@@ -33,6 +36,11 @@ def main(argv=None) -> int:
   p.add_argument("workdirs", nargs="+", type=Path)
   p.add_argument("--json", default="")
   args = p.parse_args(argv)
+  if args.json:
+    try:
+      check_output_path(args.json, "--json")
+    except ValueError as e:
+      p.error(str(e))
   rows = []
   for w in args.workdirs:
     try:
@@ -49,6 +57,7 @@ def main(argv=None) -> int:
     print("| " + " | ".join(f"{r.get(c):.4f}" if isinstance(r.get(c), float) else str(r.get(c))
                             for c in cols) + " |")
   if args.json:
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
   return 0
 

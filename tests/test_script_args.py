@@ -9,7 +9,7 @@ import pytest
 
 from scripts import (bench_few_rows_matmul, build_ngram_store, distill_standalone_drafter,
                      drafter_tau, ngram_store_scaling, profile_round, simulate_ngram_widths,
-                     strict_vs_plain_dtypes, time_decode_loop)
+                     strict_vs_plain_dtypes, time_decode_loop, vsd_report)
 
 COST = json.dumps({w: 1.0 + 0.1 * w for w in range(8)})
 
@@ -163,9 +163,10 @@ def test_distill_standalone_drafter(argv, message, paths, tmp_path, capsys):
   assert (data / "notes.txt").read_text() == "mine"
 
 
-# Timing scripts with argparse's own error form (usage, then "prog: error: ..."). A count of 0
-# ended in a traceback after the model load ("no median for empty data"); a --position past the
-# cache timed a forward whose writes were dropped.
+# Scripts with argparse's own error form (usage, then "prog: error: ..."). In the timing scripts
+# a count of 0 ended in a traceback after the model load ("no median for empty data"), and a
+# --position past the cache timed a forward whose writes were dropped; vsd_report's --json
+# failed after the table.
 TIMING = [
     (profile_round, ["--reps", "0"], "--reps must be positive, got 0"),
     (profile_round, ["--loop-tokens", "-5"], "--loop-tokens must be positive, got -5"),
@@ -175,12 +176,13 @@ TIMING = [
     (time_decode_loop, ["--k", "0"], "--k must be positive, got 0"),
     (bench_few_rows_matmul, ["--repeats", "0"], "--repeats must be positive, got 0"),
     (ngram_store_scaling, ["--answers", "{answers}", "--k", "0"], "--k must be positive, got 0"),
+    (vsd_report, ["{a_folder}", "--json", "{a_file}/x.json"], "a_file is a file, not a folder"),
 ]
 
 
 @pytest.mark.parametrize("script, argv, message", TIMING,
                          ids=[f"{s.__name__.split('.')[-1]} {' '.join(a)}" for s, a, _ in TIMING])
-def test_timing_scripts(script, argv, message, paths, capsys):
+def test_argparse_scripts(script, argv, message, paths, capsys):
   code, err = run(script.main, argv, paths, capsys)
   assert code == 2 and "error: " in err.splitlines()[-1] and message in err.splitlines()[-1], err
 
