@@ -235,6 +235,9 @@ def test_nonfinite_target_logits_stop_the_row_without_emitting():
   # row, accepting and emitting nothing.
   assert out.tokens_BxN[0].tolist() == [3, 4, -1, -1, -1, -1, -1, -1]
   assert out.nonfinite_B.tolist() == [True]
+  # Both target forwards count as rounds; only the first output a token.
+  assert out.stats.rounds_B.tolist() == [2] and out.stats.round_tokens_B.tolist() == [1]
+  np.testing.assert_allclose(out.stats.tau_per_row(), [0.5])
 
 
 @pytest.mark.parametrize("kwargs,match", [
