@@ -11,9 +11,9 @@ neither tau, accepted_B nor accepted_per_position_BxK, and when the row ends on 
 round's drafts the round's own bonus token is not output and not counted either (before
 2026-12-07 it was: tau read up to 1 / rounds high, e.g. 12 new tokens on SmolLM2, one from the
 prefill, 8 rounds: 1.5 rather than 11/8). A round whose target logits are not finite outputs
-nothing and ends the row; it was a target forward, so it counts as a round. asd_exceptions_B and asd_spent_B are the verifier's
-own account, which includes them: the ledger was charged when the block was accepted, and the
-two describe the same decisions.
+nothing and ends the row; it was a target forward, so it counts as a round. asd_exceptions_B
+and asd_spent_B are the verifier's own account, which includes them: the ledger was charged
+when the block was accepted, and the two describe the same decisions.
 """
 
 from __future__ import annotations
