@@ -157,12 +157,13 @@ def resolve_suite_flags(args) -> None:
                      "drop --quality")
   if args.assisted is None:
     args.assisted = suite and not args.skip_transformers
-  if (args.calibrate_prompts < 0 or args.quality_max_new_tokens <= 0
-      or not 0 <= args.drift_tol < float("inf")  # NaN would never flag a drift
-      or (args.calibrate_max_new_tokens is not None and args.calibrate_max_new_tokens <= 0)):
-    raise ValueError("--calibrate-prompts and --drift-tol must not be negative (--drift-tol "
-                     "finite), "
-                     "--quality-max-new-tokens and --calibrate-max-new-tokens must be positive")
+  if args.calibrate_prompts < 0:
+    raise ValueError(f"--calibrate-prompts must be >= 0 (0: off), got {args.calibrate_prompts}")
+  if not 0 <= args.drift_tol < float("inf"):  # NaN would never flag a drift
+    raise ValueError(f"--drift-tol must be a finite number >= 0, got {args.drift_tol}")
+  check_positive_flags(args, "quality_max_new_tokens")
+  if args.calibrate_max_new_tokens is not None:
+    check_positive_flags(args, "calibrate_max_new_tokens")
   if args.quality_rows is not None and not args.quality:
     raise ValueError("--quality-rows needs --quality (or --mode suite)")
 

@@ -590,7 +590,15 @@ BENCH = [
      "--quality-rows: ours_plain; this run's own rows are ours_plain_greedy, ngram_chain_k4_strict"),
     # these used to fail only after every row had run, or never
     (["--json", "."], "--json . is a folder, not a file"),
-    (["--mode", "suite", "--drift-tol", "nan"], "--drift-tol"),
+    (["--mode", "suite", "--drift-tol", "nan"],
+     "--drift-tol must be a finite number >= 0, got nan"),
+    # each of these used to get one message naming four flags
+    (["--mode", "suite", "--drift-tol", "-1"], "--drift-tol must be a finite number >= 0, got -1"),
+    (["--mode", "suite", "--calibrate-prompts", "-1"], "--calibrate-prompts must be >= 0"),
+    (["--mode", "suite", "--quality-max-new-tokens", "0"],
+     "--quality-max-new-tokens must be positive, got 0"),
+    (["--mode", "suite", "--calibrate-max-new-tokens", "0"],
+     "--calibrate-max-new-tokens must be positive, got 0"),
     (["--mode", "suite", "--suite", "mt_bench", "--num-prompts", "80"], "would overlap"),
     # plain rows only: these were dropped without a word
     (["--mode", "ar", "--tree", "2,2,3", "--quality"], "--tree, --quality only apply to"),
