@@ -1,7 +1,9 @@
-"""The research scripts refuse bad flags with one `error:` line and exit code 2 before they load
-the target or decode anything: scripts/build_ngram_store.py, scripts/drafter_tau.py,
-scripts/simulate_ngram_widths.py and scripts/strict_vs_plain_dtypes.py (their results come
-after minutes of decoding, so a typo must not cost them)."""
+"""The research scripts refuse bad flags with an `error:` line and exit code 2 before they load
+the target or decode anything: scripts/build_ngram_store.py, distill_standalone_drafter.py,
+drafter_tau.py, simulate_ngram_widths.py and strict_vs_plain_dtypes.py (one line), and the
+argparse-style profile_round.py, time_decode_loop.py, bench_few_rows_matmul.py,
+ngram_store_scaling.py and vsd_report.py (usage, then the error). Their results come after
+minutes of decoding or training, so a typo must not cost them."""
 
 import json
 
@@ -167,7 +169,7 @@ def test_distill_standalone_drafter(argv, message, paths, tmp_path, capsys):
 # a count of 0 ended in a traceback after the model load ("no median for empty data"), and a
 # --position past the cache timed a forward whose writes were dropped; vsd_report's --json
 # failed after the table.
-TIMING = [
+ARGPARSE_SCRIPTS = [
     (profile_round, ["--reps", "0"], "--reps must be positive, got 0"),
     (profile_round, ["--loop-tokens", "-5"], "--loop-tokens must be positive, got -5"),
     (profile_round, ["--position", "600"], "--position must be in [0, --capacity - 17] = [0, 495]"),
@@ -180,8 +182,9 @@ TIMING = [
 ]
 
 
-@pytest.mark.parametrize("script, argv, message", TIMING,
-                         ids=[f"{s.__name__.split('.')[-1]} {' '.join(a)}" for s, a, _ in TIMING])
+@pytest.mark.parametrize("script, argv, message", ARGPARSE_SCRIPTS,
+                         ids=[f"{s.__name__.split('.')[-1]} {' '.join(a)}"
+                              for s, a, _ in ARGPARSE_SCRIPTS])
 def test_argparse_scripts(script, argv, message, paths, capsys):
   code, err = run(script.main, argv, paths, capsys)
   assert code == 2 and "error: " in err.splitlines()[-1] and message in err.splitlines()[-1], err
