@@ -120,11 +120,11 @@ def ngram_store_for(target_name: str, vocab_size: int):
 
 
 def check_drafter_request(name_or_path: str | os.PathLike, kind: str | None,
-                          tree: TreeShape | None) -> None:
+                          tree: TreeShape | None) -> str:
   """The checks of setup_drafter that need no model, so a CLI can run them before its load:
   a malformed n-gram name, an unknown kind, an unknown drafter name or a folder without a
   readable config.json, a kind other than the one that config.json holds, and a tree for the
-  chain-only n-gram drafter."""
+  chain-only n-gram drafter. Returns the drafter's kind."""
   sizes = parse_ngram_name(str(name_or_path))  # raises on a malformed 'ngram:...' name
   if kind is not None and kind not in KINDS:
     raise ValueError(f"unknown drafter kind {kind!r}; choose one of {KINDS}")
@@ -140,6 +140,7 @@ def check_drafter_request(name_or_path: str | os.PathLike, kind: str | None,
                      "or leave it out")
   if held == "ngram" and tree is not None:
     raise ValueError("the n-gram drafter drafts chains only; drop --tree")
+  return held
 
 
 def setup_drafter(name_or_path: str, target: LoadedModel, *, k: int,
@@ -151,8 +152,7 @@ def setup_drafter(name_or_path: str, target: LoadedModel, *, k: int,
   the depth-k top-1 tree).
   """
   k = check_positive_int("K", k)
-  check_drafter_request(name_or_path, kind, tree)
-  kind = kind or infer_kind(name_or_path)
+  kind = check_drafter_request(name_or_path, kind, tree)  # reads a folder's config.json once
   plain_fns, plain_params = decoder_fns(target.model, name=target_name)
   if kind == "ngram":
     sizes = parse_ngram_name(str(name_or_path))
