@@ -168,9 +168,15 @@ def parse_prompt_ids(text: str) -> list[int]:
 
 @dataclasses.dataclass(frozen=True)
 class PromptLine:
-  """One request of a prompts file: the user message and its own stop strings."""
-  message: str
+  """One request of a prompts file: the user message (or, from a .jsonl "messages", the
+  conversation: a list of {"role", "content"} objects ending with the user's) and its own stop
+  strings."""
+  message: str | list[dict[str, str]]
   stop: tuple[str, ...] = ()
+
+  def shown(self) -> str:
+    """What a text listing shows for the request: the message, or a conversation's last one."""
+    return self.message if isinstance(self.message, str) else self.message[-1]["content"]
 
 
 def _line_stop(record: dict, where: str) -> tuple[str, ...]:
@@ -185,14 +191,15 @@ def _line_stop(record: dict, where: str) -> tuple[str, ...]:
   return tuple(stop)
 
 
-PROMPT_RECORD_KEYS = frozenset({"prompt", "stop"})  # a .jsonl prompts file line's keys
+PROMPT_RECORD_KEYS = frozenset({"prompt", "messages", "stop"})  # a .jsonl line's keys
 
 
 def read_prompts_file(path: str) -> list[PromptLine]:
   """The requests of a prompts file, in order: one user message per line, or, for a `.jsonl`
-  file, one JSON object per line with a string "prompt" (a message with newlines in it) and
-  optionally "stop" (a string or a list: that answer's own stop strings); any other key is
-  refused (a misspelt "stops" would otherwise be dropped without a word). Trailing blank lines
+  file, one JSON object per line with a string "prompt" (a message with newlines in it) or
+  "messages" (a conversation, checked by models.tokenizer.chat_messages) and optionally "stop"
+  (a string or a list: that answer's own stop strings); any other key is refused (a misspelt
+  "stops" would otherwise be dropped without a word). Trailing blank lines
   are dropped; a blank line or message between prompts is refused, as a hole in the file is
   likelier a mistake than a prompt."""
   import json
@@ -216,14 +223,27 @@ def read_prompts_file(path: str) -> list[PromptLine]:
         record = json.loads(line)
       except ValueError as e:
         raise ValueError(f"{flag}: line {number} is not JSON ({e})") from None
-      if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
-        raise ValueError(f'{flag}: line {number} must be an object with a string "prompt"')
+      if not isinstance(record, dict) or (("prompt" in record) == ("messages" in record)):
+        raise ValueError(f'{flag}: line {number} must be an object with a string "prompt" or '
+                         'a list of "messages"')
+      if "prompt" in record and not isinstance(record["prompt"], str):
+        raise ValueError(f'{flag}: line {number}: "prompt" must be a string; a conversation '
+                         'goes in "messages"')
       unknown = sorted(set(record) - PROMPT_RECORD_KEYS)
       if unknown:
         raise ValueError(f"{flag}: line {number} has key(s) {', '.join(map(repr, unknown))}, "
                          f"which a request does not take; the keys are "
                          f"{', '.join(map(repr, sorted(PROMPT_RECORD_KEYS)))}")
-      line, stop = record["prompt"], _line_stop(record, f"{flag}: line {number}")
+      stop = _line_stop(record, f"{flag}: line {number}")
+      if "messages" in record:
+        if not isinstance(record["messages"], list) or not record["messages"]:
+          raise ValueError(f'{flag}: line {number}: "messages" must be a non-empty list of '
+                           '{"role", "content"} objects')
+        from models.tokenizer import chat_messages
+        chat_messages(record["messages"], where=f"{flag}: line {number}")  # checked now
+        prompts.append(PromptLine(record["messages"], stop))
+        continue
+      line = record["prompt"]
     else:
       stop = ()
     if not line.strip():

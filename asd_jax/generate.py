@@ -11,6 +11,7 @@ Examples:
   python -m asd_jax.generate --prompt "..." --draft ngram --k 3 --stream   # print as it goes
   python -m asd_jax.generate --prompts-file questions.txt --draft ngram+store --json  # batched
   python -m asd_jax.generate --prompt "..." --stop '\\n\\n' --json   # end at a blank line
+  python -m asd_jax.generate --prompt "..." --system "Answer in one word."
 
 Without --draft: plain decoding. With --draft: --rule strict (default; output == plain greedy),
 asd (--asd-preset, --budget/--gate/--max-exceptions; greedy only) or sample (lossless, uses
@@ -62,8 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
   src.add_argument("--prompt", help="user message; the chat template is applied")
   src.add_argument("--prompt-ids", help="raw comma-separated token ids, no template")
   src.add_argument("--prompts-file", help="user messages, one per line (or a .jsonl file of "
-                   '{"prompt": ..., "stop": [...]} objects, "stop" optional: that answer\'s '
+                   '{"prompt": ..., "stop": [...]} objects, or {"messages": [{"role": ..., '
+                   '"content": ...}, ...]} for a conversation; "stop" optional: that answer\'s '
                    "stop strings, added to --stop's); the chat template is applied to each")
+  p.add_argument("--system", metavar="TEXT", help="system message placed before each prompt "
+                 "(replaces the chat template's default one, e.g. SmolLM2's)")
   p.add_argument("--batch-size", type=int,
                  help=f"rows decoded together with --prompts-file (default "
                  f"{BATCH_SIZE['plain']} for plain decoding, {BATCH_SIZE['speculative']} with a "
@@ -208,6 +212,14 @@ def main(argv=None):
   stop_strings = parse_stop(args.stop)
   lines = read_prompts_file(args.prompts_file) if args.prompts_file else None
   messages = None if lines is None else [line.message for line in lines]
+  if args.system is not None:
+    if ids is not None:
+      raise ValueError("--system is a chat message; --prompt-ids are raw ids without the chat "
+                       "template, so put the system turn in the ids or drop --system")
+    from models.tokenizer import chat_messages  # each request with it, checked before the load
+    for number, message in enumerate([args.prompt] if messages is None else messages, 1):
+      chat_messages(message, args.system, "--system" if messages is None else
+                    f"--prompts-file {args.prompts_file}: line {number}")
   if messages is None and args.batch_size is not None:
     raise ValueError("--batch-size sets the rows decoded together from --prompts-file; "
                      "pass --prompts-file or drop it")
@@ -261,9 +273,9 @@ def main(argv=None):
   check_tokenizer_fits(tokenizer, loaded.model.cfg.vocab_size, args.target)
   load_s = time.perf_counter() - t0
   if messages is not None:
-    rows = [encode_chat(tokenizer, m) for m in messages]
+    rows = [encode_chat(tokenizer, m, args.system) for m in messages]
   else:
-    rows = [ids if ids is not None else encode_chat(tokenizer, args.prompt)]
+    rows = [ids if ids is not None else encode_chat(tokenizer, args.prompt, args.system)]
   eos = () if args.ignore_eos else eos_token_ids(tokenizer, loaded.hf_config)
   fns, params = decoder_fns(loaded.model, name=args.target)
   if messages is not None:
@@ -369,8 +381,8 @@ def main(argv=None):
       else:
         print(answer["text"])
     else:
-      for i, a in enumerate(answers):
-        print(f"### [{i + 1}/{len(answers)}] {a['prompt']}\n{a['text']}\n")
+      for i, (line, a) in enumerate(zip(lines, answers)):
+        print(f"### [{i + 1}/{len(answers)}] {line.shown()}\n{a['text']}\n")
     print(f"\n[{n_total} tokens in {wall_s:.2f} s ({n_total / wall_s:.1f} tok/s incl. compile), "
           f"load {load_s:.2f} s]")
   bad = [i + 1 for i, a in enumerate(answers) if a["nonfinite_logits"]]

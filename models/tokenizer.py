@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from models.errors import CheckpointError
@@ -62,17 +62,71 @@ def check_tokenizer_fits(tokenizer, vocab_size: int, name_or_path: str | os.Path
                           "model")
 
 
-def encode_chat(tokenizer, prompt: str) -> list[int]:
-  """Token ids of a one-turn user chat, ending with the assistant prompt (no BOS added twice).
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+def chat_messages(prompt: str | Sequence[Mapping[str, Any]], system: str | None = None,
+                  where: str = "messages") -> list[dict[str, str]]:
+  """The conversation a request sends to the chat template, checked: a user message (a string)
+  or a conversation (OpenAI's / vLLM's list of {"role", "content"} objects), with `system`, if
+  given, as its first message (it replaces the template's default system prompt where it has
+  one).
+
+  Raises ValueError, naming `where`, for a blank message, a role other than system / user /
+  assistant, another key, a system message after the first, a conversation whose last message is
+  not the user's (the answer is the assistant's next turn), or `system` beside a conversation
+  that already opens with one (which of the two was meant is not ours to guess).
+  """
+  if isinstance(prompt, str):
+    messages = [{"role": "user", "content": prompt}]
+  elif isinstance(prompt, Sequence) and prompt:
+    messages = []
+    for i, message in enumerate(prompt):
+      if not isinstance(message, Mapping) or set(message) != {"role", "content"}:
+        raise ValueError(f'{where}: message {i} must be an object with exactly the keys "role" '
+                         f'and "content", got {message!r:.80}')
+      role, content = message["role"], message["content"]
+      if role not in CHAT_ROLES:
+        raise ValueError(f"{where}: message {i} has role {role!r:.40}; the roles are "
+                         f"{', '.join(map(repr, CHAT_ROLES))}")
+      if not isinstance(content, str):
+        raise ValueError(f'{where}: message {i}\'s "content" must be a string')
+      if role == "system" and i > 0:
+        raise ValueError(f"{where}: message {i} is a system message; only the first may be")
+      messages.append({"role": role, "content": content})
+    if messages[-1]["role"] != "user":
+      raise ValueError(f"{where}: the last message is the {messages[-1]['role']}'s; a request "
+                       "ends with the user's message (the answer is the assistant's next turn)")
+  else:
+    raise ValueError(f"{where} must be a string or a non-empty list of messages, got "
+                     f"{prompt!r:.80}")
+  if system is not None:
+    if not system.strip():
+      raise ValueError(f"{where}: the system message is blank")
+    if messages[0]["role"] == "system":
+      raise ValueError(f"{where}: the conversation opens with its own system message and a "
+                       "system message was given besides; give one")
+    messages.insert(0, {"role": "system", "content": system})
+  blank = [i for i, m in enumerate(messages) if not m["content"].strip()]
+  if blank:
+    raise ValueError(f"empty prompt: {where}: message {blank[0]} ({messages[blank[0]]['role']}) "
+                     "is blank")
+  return messages
+
+
+def encode_chat(tokenizer, prompt: str | Sequence[Mapping[str, Any]],
+                system: str | None = None) -> list[int]:
+  """Token ids of a chat (a user message, or a conversation: see `chat_messages`), ending with
+  the assistant prompt (no BOS added twice).
 
   The template is rendered to text and tokenised with add_special_tokens=False, which is what
   apply_chat_template does internally; rendering first avoids its return type changing across
   transformers versions (list in 4.x, BatchEncoding in 5.x).
   """
+  messages = chat_messages(prompt, system)
   if not getattr(tokenizer, "chat_template", None):
     raise CheckpointError(f"tokenizer {tokenizer.name_or_path!r} has no chat template")
-  text = tokenizer.apply_chat_template(
-      [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
+  text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
   return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 

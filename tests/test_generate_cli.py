@@ -205,7 +205,27 @@ def test_asd_settings_from_the_preset_and_k_from_the_drafter(tiny_target, capsys
      'line 2: "stop" must be a string or a list of strings'),
     ("stops.jsonl", '{"prompt": "a", "stop": ["x", ""]}\n', 'line 1: an empty "stop" string'),
     ("typo.jsonl", '{"prompt": "a"}\n{"prompt": "b", "stops": ["x"]}\n',
-     "line 2 has key(s) 'stops', which a request does not take; the keys are 'prompt', 'stop'"),
+     "line 2 has key(s) 'stops', which a request does not take; the keys are 'messages', "
+     "'prompt', 'stop'"),
+    ("both.jsonl", '{"prompt": "a", "messages": [{"role": "user", "content": "a"}]}\n',
+     'line 1 must be an object with a string "prompt" or a list of "messages"'),
+    ("listprompt.jsonl", '{"prompt": [{"role": "user", "content": "a"}]}\n',
+     'line 1: "prompt" must be a string; a conversation goes in "messages"'),
+    ("strmessages.jsonl", '{"messages": "a"}\n',
+     'line 1: "messages" must be a non-empty list of {"role", "content"} objects'),
+    ("nomessages.jsonl", '{"prompt": "a"}\n{"messages": []}\n',
+     'line 2: "messages" must be a non-empty list'),
+    ("role.jsonl", '{"messages": [{"role": "bot", "content": "a"}]}\n',
+     "line 1: message 0 has role 'bot'; the roles are 'system', 'user', 'assistant'"),
+    ("lastturn.jsonl", '{"messages": [{"role": "user", "content": "a"}, '
+     '{"role": "assistant", "content": "b"}]}\n', "line 1: the last message is the assistant's"),
+    ("latesystem.jsonl", '{"messages": [{"role": "user", "content": "a"}, '
+     '{"role": "system", "content": "b"}, {"role": "user", "content": "c"}]}\n',
+     "line 1: message 1 is a system message; only the first may be"),
+    ("blankturn.jsonl", '{"messages": [{"role": "user", "content": " "}]}\n',
+     "empty prompt: --prompts-file"),
+    ("extrakey.jsonl", '{"messages": [{"role": "user", "content": "a", "name": "x"}]}\n',
+     'line 1: message 0 must be an object with exactly the keys "role" and "content"'),
     ("latin1.txt", b"caf\xe9\n", "not UTF-8 text"),
 ])
 def test_a_bad_prompts_file_is_refused_before_the_model_loads(name, content, message, tmp_path,
@@ -218,11 +238,69 @@ def test_a_bad_prompts_file_is_refused_before_the_model_loads(name, content, mes
   err = capsys.readouterr().err.strip()
   assert err.startswith("error: ") and message in err and "\n" not in err, err
   for flags, refusal in ((["--batch-size", "0"], "--batch-size must be a positive integer"),
-                         (["--stream"], "--stream prints one answer as it arrives")):
+                         (["--stream"], "--stream prints one answer as it arrives"),
+                         (["--system", " "], "line 1: the system message is blank")):
     (tmp_path / "ok.txt").write_text("the list\n")
     with pytest.raises(SystemExit):
       main(["--target", "no-such-model", "--prompts-file", str(tmp_path / "ok.txt"), *flags])
     assert refusal in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--prompt-ids", "1,2", "--system", "be brief"],
+     "--system is a chat message; --prompt-ids are raw ids"),
+    (["--prompt", "hi", "--system", ""], "--system: the system message is blank"),
+    (["--prompts-file", "{jsonl}", "--system", "be brief"],
+     "line 2: the conversation opens with its own system message and a system message was "
+     "given besides"),
+])
+def test_a_system_message_that_cannot_apply_is_refused_before_the_model_loads(
+    flags, message, tmp_path, capsys):
+  path = tmp_path / "q.jsonl"
+  path.write_text('{"prompt": "a"}\n{"messages": [{"role": "system", "content": "s"}, '
+                  '{"role": "user", "content": "u"}]}\n')
+  with pytest.raises(SystemExit) as e:
+    main(["--target", "no-such-model", *[str(path) if f == "{jsonl}" else f for f in flags]])
+  assert e.value.code == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("error: ") and message in err and "\n" not in err, err
+
+
+def test_a_conversation_or_system_message_reaches_the_template(tiny_target, tmp_path,  # noqa: F811
+                                                               capsys):
+  """A .jsonl "messages" line answers as --prompt with --system does for the same turns (and a
+  multi-turn conversation as its rendered ids do); the system message changes the prompt."""
+  import json
+  from models.tokenizer import load_tokenizer
+  common = ["--target", str(tiny_target), "--max-new-tokens", "6", "--ignore-eos", "--json"]
+
+  def run(*flags):
+    main([*common, *flags])
+    return json.loads(capsys.readouterr().out)
+
+  system, user = "return the list", "write a python function"
+  alone = run("--prompt", user, "--system", system)
+  without = run("--prompt", user)
+  tokenizer = load_tokenizer(str(tiny_target))
+  turn = len(tokenizer(f"<|im_start|> system {system} <|im_end|> ")["input_ids"])
+  assert alone["stats"]["prompt_tokens"] == without["stats"]["prompt_tokens"] + turn
+  turns = [{"role": "user", "content": "the list"}, {"role": "assistant", "content": "a"},
+           {"role": "user", "content": user}]
+  rendered = "".join(f"<|im_start|> {m['role']} {m['content']} <|im_end|> " for m in turns)
+  ids = tokenizer(rendered + "<|im_start|> assistant ", add_special_tokens=False)["input_ids"]
+  by_ids = run("--prompt-ids", ",".join(map(str, ids)))
+  (tmp_path / "q.jsonl").write_text(
+      json.dumps({"messages": [{"role": "system", "content": system},
+                               {"role": "user", "content": user}]}) + "\n"
+      + json.dumps({"messages": turns}) + "\n")
+  answers = run("--prompts-file", str(tmp_path / "q.jsonl"), "--batch-size", "2")["answers"]
+  assert answers[0]["tokens"] == alone["tokens"]
+  assert answers[1]["tokens"] == by_ids["tokens"] and answers[1]["prompt"] == turns
+  # --system applies to every line of a file, a conversation's included.
+  (tmp_path / "q.jsonl").write_text(json.dumps({"prompt": user}) + "\n"
+                                    + json.dumps({"messages": turns}) + "\n")
+  with_system = run("--prompts-file", str(tmp_path / "q.jsonl"), "--system", system)["answers"]
+  assert with_system[0]["tokens"] == alone["tokens"]
 
 
 @pytest.mark.parametrize("flags,message", [

@@ -522,7 +522,7 @@ def test_smollm2_tokenizer_matches_transformers_and_survives_cache(smollm2, monk
   cached = load_tokenizer("smollm2-135m")
   assert "<|im_start|>assistant" in direct.chat_template
   assert cached.chat_template == direct.chat_template
-  prompts = ["Hello, what is 2+2?", "def f(x):\n    return x  # über   spaces", ""]
+  prompts = ["Hello, what is 2+2?", "def f(x):\n    return x  # über   spaces"]
   for prompt in prompts:
     reference = direct.apply_chat_template(
         [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
@@ -537,6 +537,58 @@ def test_smollm2_tokenizer_matches_transformers_and_survives_cache(smollm2, monk
   folder = registry.cache_entry_dir(resolve_checkpoint("smollm2-135m")) / "tokenizer"
   as_folder = load_tokenizer(folder)  # the cached tokenizer is an ordinary HF folder
   assert encode_chat(as_folder, prompts[0]) == encode_chat(direct, prompts[0])
+
+
+@needs_smollm2
+def test_smollm2_chat_takes_a_system_message_and_a_conversation(smollm2, monkeypatch):
+  """The ids are the ChatML text SmolLM2's template defines, written out here by hand: the
+  default system prompt without `system`, the given one instead of it, every turn in order."""
+  monkeypatch.setenv(registry.CACHE_ENV, str(smollm2.cache))
+  tokenizer = load_tokenizer("smollm2-135m")
+
+  def chatml(*turns):
+    return "".join(f"<|im_start|>{role}\n{text}<|im_end|>\n" for role, text in turns) + (
+        "<|im_start|>assistant\n")
+
+  def text(ids):
+    return tokenizer.decode(ids, skip_special_tokens=False)
+
+  default = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+  assert text(encode_chat(tokenizer, "Hi.")) == chatml(("system", default), ("user", "Hi."))
+  assert text(encode_chat(tokenizer, "Hi.", system="Be brief.")) == chatml(
+      ("system", "Be brief."), ("user", "Hi."))
+  turns = [("user", "My name is Ada."), ("assistant", "Hello, Ada."), ("user", "My name?")]
+  conversation = [{"role": r, "content": c} for r, c in turns]
+  assert text(encode_chat(tokenizer, conversation)) == chatml(("system", default), *turns)
+  assert text(encode_chat(tokenizer, conversation, system="Be brief.")) == chatml(
+      ("system", "Be brief."), *turns)
+  assert encode_chat(tokenizer, [{"role": "system", "content": "Be brief."}, conversation[0]]) \
+      == encode_chat(tokenizer, "My name is Ada.", system="Be brief.")
+  with pytest.raises(ValueError, match="empty prompt: messages: message 0 \\(user\\) is blank"):
+    encode_chat(tokenizer, "")
+
+
+@pytest.mark.parametrize("prompt,system,message", [
+    ([], None, "must be a string or a non-empty list of messages"),
+    (3, None, "must be a string or a non-empty list of messages"),
+    (["hi"], None, 'message 0 must be an object with exactly the keys "role" and "content"'),
+    ([{"role": "user"}], None, 'exactly the keys "role" and "content"'),
+    ([{"role": "tool", "content": "x"}], None, "message 0 has role 'tool'"),
+    ([{"role": "user", "content": 5}], None, "message 0's \"content\" must be a string"),
+    ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], None,
+     "the last message is the assistant's"),
+    ([{"role": "user", "content": "a"}, {"role": "system", "content": "b"},
+      {"role": "user", "content": "c"}], None, "message 1 is a system message"),
+    ([{"role": "system", "content": "a"}, {"role": "user", "content": "c"}], "b",
+     "opens with its own system message and a system message was given besides"),
+    ("hi", "\n", "the system message is blank"),
+    ([{"role": "user", "content": "a"}, {"role": "assistant", "content": " "},
+      {"role": "user", "content": "c"}], None, "message 1 \\(assistant\\) is blank"),
+])
+def test_a_bad_conversation_is_refused_with_what_is_wrong(prompt, system, message):
+  from models.tokenizer import chat_messages
+  with pytest.raises(ValueError, match=message):
+    chat_messages(prompt, system)
 
 
 @needs_smollm2
