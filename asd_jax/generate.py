@@ -37,7 +37,6 @@ from asd_jax.asd_config import PRESETS, preset_with
 from asd_jax.plain_decode import plain_decode
 from asd_jax.request_checks import check_prompts
 from asd_jax.sampling import SamplingConfig
-from asd_jax.sampling_keys import row_keys
 from asd_jax.draft_tree import TreeShape
 from asd_jax.spec_decode import RULES
 from asd_jax.stop_strings import StopStrings
@@ -76,7 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
   p.add_argument("--top-k", type=int, default=0, help="0 = off")
   p.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
-  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--seed", type=int, default=0,
+                 help="sampling seed; with --prompts-file, prompt i (from 0) samples with seed "
+                 "+ i, so each answer is the one it gets alone with that seed, in any batch")
   p.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens")
   p.add_argument("--stop", action="append", metavar="TEXT",
                  help="end an answer once its text contains TEXT (repeatable); the answer is "
@@ -254,7 +255,11 @@ def main(argv=None):
   if args.draft is not None:
     from models.drafter_setup import check_drafter_request
     check_drafter_request(args.draft, args.drafter, tree)
-  row_keys(args.seed, 1)  # refuses a seed outside [0, 2**32)
+  prompts = 1 if lines is None else len(lines)
+  if not 0 <= args.seed <= 2**32 - prompts:  # the seeds are seed + i, and row_keys takes uint32
+    raise ValueError(f"--seed must be in [0, 2**32), got {args.seed}" if lines is None else
+                     f"--seed {args.seed}: prompt i of the file samples with seed + i, so with "
+                     f"{prompts} prompts --seed must be in [0, {2**32 - prompts}]")
   from models.registry import peek_vocab_size
   vocab_size = peek_vocab_size(args.target)  # refuses an empty or unknown --target too
   if vocab_size is not None:  # the decode checks these again; here they cost no model load
@@ -290,9 +295,9 @@ def main(argv=None):
   if args.draft is None:
     stats = {"mode": "plain"}
 
-    def decode(prompt, lengths, stop):
+    def decode(prompt, lengths, stop, seeds):
       return plain_decode(fns, params, prompt, lengths, max_new_tokens=args.max_new_tokens,
-                          eos_ids=eos, sampling=sampling, seed=args.seed, stream=stream,
+                          eos_ids=eos, sampling=sampling, seed=seeds, stream=stream,
                           stop=stop, logprobs=args.logprobs, top_logprobs=args.top_logprobs)
   else:
     rule = args.rule or "strict"
@@ -307,11 +312,11 @@ def main(argv=None):
                              "gate": asd_config.gate, "max_exceptions": asd_config.max_exceptions,
                              "normalize_q": asd_config.normalize_q}
 
-    def decode(prompt, lengths, stop):
+    def decode(prompt, lengths, stop, seeds):
       return setup.decode(setup.target_fns, setup.target_params, setup.drafter, setup.params,
                           prompt, lengths, max_new_tokens=args.max_new_tokens, rule=rule,
                           asd_config=asd_config, sampling=sampling, eos_ids=eos,
-                          seed=args.seed, stream=stream, stop=stop, logprobs=args.logprobs,
+                          seed=seeds, stream=stream, stop=stop, logprobs=args.logprobs,
                           top_logprobs=args.top_logprobs)
 
   answers, results = [], []
@@ -319,7 +324,11 @@ def main(argv=None):
   for start in range(0, len(rows), batch_size):
     prompt, lengths = right_pad(rows[start:start + batch_size])
     batch_stop = row_stop[start:start + batch_size]
-    result = jax.block_until_ready(decode(prompt, lengths, batch_stop))
+    # Prompt i samples with seed + i whatever its batch: one seed for the whole batch would give
+    # each row the stream of its place in the batch, so the answers would change with
+    # --batch-size and prompts at the same place in different batches would draw alike.
+    seeds = args.seed + np.arange(start, start + len(batch_stop))
+    result = jax.block_until_ready(decode(prompt, lengths, batch_stop, seeds))
     results.append(result)
     for b, stop in enumerate(batch_stop):
       n = int(result.num_generated_B[b])

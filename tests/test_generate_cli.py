@@ -361,6 +361,35 @@ def test_a_prompts_file_answers_each_line_as_alone(tiny_target, tmp_path, capsys
       assert [a["target_forwards"] for a in out["answers"]] == [6] * 4
 
 
+def test_sampled_answers_from_a_file_do_not_depend_on_the_batch(tiny_target, tmp_path,  # noqa: F811
+                                                                capsys):
+  """Prompt i of a file samples with seed + i: its answer is the one it gets alone with that
+  seed, at any --batch-size; a prompt given twice gets two samples. (With one seed per batch, a
+  row drew with its place in the batch: batch size 1 gave the repeated prompt the same answer
+  twice and the third prompt the first one's draws.)"""
+  import json
+  lines = ["write a python function", "write a python function", "the list"]
+  (tmp_path / "q.txt").write_text("\n".join(lines) + "\n")
+  common = ["--target", str(tiny_target), "--max-new-tokens", "8", "--ignore-eos", "--json",
+            "--temperature", "1", "--seed", "5"]
+
+  def run(*flags):
+    main([*common, *flags])
+    return json.loads(capsys.readouterr().out)
+
+  for draft in ([], ["--draft", "ngram", "--k", "3", "--rule", "sample"]):
+    alone = [run("--prompt", p, "--seed", str(5 + i), *draft)["tokens"]
+             for i, p in enumerate(lines)]
+    assert alone[0] != alone[1]
+    for batch in ("1", "2", "3"):
+      answers = run("--prompts-file", str(tmp_path / "q.txt"), "--batch-size", batch,
+                    *draft)["answers"]
+      assert [a["tokens"] for a in answers] == alone, (draft, batch)
+  with pytest.raises(SystemExit):
+    main([*common, "--prompts-file", str(tmp_path / "q.txt"), "--seed", str(2**32 - 2)])
+  assert "with 3 prompts --seed must be in [0, 4294967293]" in capsys.readouterr().err
+
+
 def test_a_prompt_too_long_in_a_file_is_named_before_any_batch(tiny_target, tmp_path,  # noqa: F811
                                                                capsys):
   path = tmp_path / "q.txt"
