@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
   p.add_argument("--top-k", type=int, default=0, help="0 = off")
   p.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
+  p.add_argument("--min-p", type=float, default=0.0,
+                 help="0 = off; drop tokens less likely than MIN_P times the likeliest")
   p.add_argument("--seed", type=int, default=0,
                  help="sampling seed; with --prompts-file, prompt i (from 0) samples with seed "
                  "+ i, so each answer is the one it gets alone with that seed, in any batch")
@@ -203,7 +205,8 @@ def main(argv=None):
   parser = build_parser()
   args = parser.parse_args(attach_dash_values(argv, ("--prompt-ids",)))
   apply_pair(args, parser)
-  sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+  sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                            min_p=args.min_p)
   if args.max_new_tokens <= 0:
     raise ValueError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
   if args.prompt is not None and not args.prompt.strip():

@@ -1,4 +1,4 @@
-"""Token selection for plain decoding: greedy, temperature, top-k and top-p (nucleus).
+"""Token selection for plain decoding: greedy, temperature, min-p, top-k and top-p (nucleus).
 
 Shape notation: B rows, V vocab.
 """
@@ -15,26 +15,37 @@ from asd_jax.sampling_keys import categorical_rows
 from asd_jax.spec_sampling import Filters, filtered_probs, check_filters
 
 
+FILTERS_OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0}  # each filter's value that turns it off
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
   """Sampling settings, checked. temperature == 0 means greedy (argmax, first max on ties).
 
-  The decode engines compile for which filters are on (greedy or not, top-k on, top-p on) and
-  take the values as traced scalars (`filters()`), so requests at other temperatures, top-k
-  or top-p reuse one compiled program.
+  The decode engines compile for which filters are on (greedy or not, min-p on, top-k on,
+  top-p on) and take the values as traced scalars (`filters()`), so requests at other
+  temperatures, min-p, top-k or top-p reuse one compiled program. The filters apply in that
+  order (`apply_sampling_filters`). A filter with temperature 0 is refused: greedy decoding
+  takes the argmax, so it would do nothing.
   """
 
   temperature: float = 0.0
   top_k: int = 0  # 0 = off
   top_p: float = 1.0  # 1.0 = off
+  min_p: float = 0.0  # 0.0 = off; keeps the tokens with p >= min_p * the top token's p
 
   def __post_init__(self):
     # The one check shared with the sampling rules: non-numbers, NaN and out-of-range values
     # are refused with a message naming the field.
-    temperature, top_k, top_p = check_filters(self.temperature, self.top_k, self.top_p)
-    object.__setattr__(self, "temperature", temperature)
-    object.__setattr__(self, "top_k", top_k)
-    object.__setattr__(self, "top_p", top_p)
+    values = check_filters(self.temperature, self.top_k, self.top_p, self.min_p)
+    for name, value in zip(("temperature", "top_k", "top_p", "min_p"), values):
+      object.__setattr__(self, name, value)
+    on = [f"{name}={getattr(self, name)!r}" for name, off in FILTERS_OFF.items()
+          if getattr(self, name) != off]
+    if self.greedy and on:
+      raise ValueError(f"{' and '.join(on)} {'filter' if len(on) > 1 else 'filters'} sampling, but temperature 0 is greedy "
+                       "decoding (the argmax), which it would not change; set a temperature "
+                       "> 0 or drop it")
 
   @property
   def greedy(self) -> bool:
@@ -42,7 +53,7 @@ class SamplingConfig:
 
   def filters(self) -> Filters:
     """The traced form the engines, drafters and rules compute with."""
-    return Filters.of(self.temperature, self.top_k, self.top_p)
+    return Filters.of(self.temperature, self.top_k, self.top_p, self.min_p)
 
 
 def probabilities(logits_BxV: jax.Array, cfg: SamplingConfig | Filters) -> jax.Array:

@@ -18,7 +18,7 @@ independent proposal from q, so the committed tokens follow the target exactly. 
 needs each node's children to be i.i.d. samples of `draft_logits` at that node (after the same
 filters); deterministic top-k children make the scheme lossy.
 
-Temperature, top-k and top-p are applied identically to the target and the draft logits
+Temperature, min-p, top-k and top-p are applied identically to the target and the draft logits
 before the test: the output is distributed as the *filtered* target. Temperature 0 makes both
 one-hot at their argmax, and the result is exactly strict greedy verification.
 
@@ -48,8 +48,9 @@ from asd_jax.sampling_keys import is_row_keys
 from asd_jax.verify_output import NONFINITE_TOKEN, TreeVerifyOutput, VerifyOutput
 
 
-def check_filters(temperature, top_k, top_p):
-  """Validates sampling settings; returns them as (float, int, float). Raises ValueError."""
+def check_filters(temperature, top_k, top_p, min_p=0.0):
+  """Validates sampling settings; returns them as (float, int, float, float). Raises
+  ValueError."""
   if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not (
       math.isfinite(temperature) and temperature >= 0):
     raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
@@ -59,7 +60,9 @@ def check_filters(temperature, top_k, top_p):
     raise ValueError(f"top_k must be an int >= 0 (0 = off), got {top_k!r}")
   if isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1:
     raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p!r}")
-  return float(temperature), int(top_k), float(top_p)
+  if isinstance(min_p, bool) or not isinstance(min_p, numbers.Real) or not 0 <= min_p <= 1:
+    raise ValueError(f"min_p must be in [0, 1] (0 = off), got {min_p!r}")
+  return float(temperature), int(top_k), float(top_p), float(min_p)
 
 
 _FLOAT32_TINY, _FLOAT32_MAX = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)
@@ -77,23 +80,26 @@ def check_float32_temperature(temperature: float) -> None:
 @flax.struct.dataclass
 class Filters:
   """Sampling filters as the rules compute with them. The values are pytree leaves, so inside
-  a jitted decode loop they are traced and a new temperature, top-k or top-p reuses the
-  compiled program; which filters run (greedy, top-k on, top-p on) is static. Build one with
-  `Filters.of` (checked) or SamplingConfig.filters().
+  a jitted decode loop they are traced and a new temperature, min-p, top-k or top-p reuses the
+  compiled program; which filters run (greedy, min-p on, top-k on, top-p on) is static. Build
+  one with `Filters.of` (checked) or SamplingConfig.filters().
   """
 
   temperature: Any  # float32 scalar; unused when greedy
   top_k: Any  # int32 scalar; unused when not use_top_k
   top_p: Any  # float32 scalar; unused when not use_top_p
+  min_p: Any  # float32 scalar; unused when not use_min_p
   greedy: bool = flax.struct.field(pytree_node=False, default=False)
   use_top_k: bool = flax.struct.field(pytree_node=False, default=False)
   use_top_p: bool = flax.struct.field(pytree_node=False, default=False)
+  use_min_p: bool = flax.struct.field(pytree_node=False, default=False)
 
   @classmethod
-  def of(cls, temperature=1.0, top_k=0, top_p=1.0) -> "Filters":
-    temperature, top_k, top_p = check_filters(temperature, top_k, top_p)
-    return cls(np.float32(temperature), np.int32(top_k), np.float32(top_p),
-               greedy=temperature == 0.0, use_top_k=top_k > 0, use_top_p=top_p < 1.0)
+  def of(cls, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0) -> "Filters":
+    temperature, top_k, top_p, min_p = check_filters(temperature, top_k, top_p, min_p)
+    return cls(np.float32(temperature), np.int32(top_k), np.float32(top_p), np.float32(min_p),
+               greedy=temperature == 0.0, use_top_k=top_k > 0, use_top_p=top_p < 1.0,
+               use_min_p=min_p > 0.0)
 
 
 def scale_logits(z_xV, temperature: float):
@@ -131,6 +137,10 @@ def filtered_probs(logits_xV, filters: Filters):
   if filters.greedy:
     return jax.nn.one_hot(first_argmax(z_xV)[0], vocab, dtype=jnp.float32)
   z_xV = scale_logits(z_xV, jnp.asarray(filters.temperature, jnp.float32))
+  if filters.use_min_p:
+    # min-p (vLLM's order: after temperature, before top-k/top-p): keep p >= min_p * max p.
+    # scale_logits put the top logit at 0, so that is z >= log(min_p): no softmax, no sort.
+    z_xV = jnp.where(z_xV >= jnp.log(jnp.asarray(filters.min_p, jnp.float32)), z_xV, -jnp.inf)
   if filters.use_top_k:
     # Keep every logit >= the k-th largest (ties at the boundary included). With k >= V no
     # threshold reaches k tokens' worth, the threshold stays at the lowest key: all are kept.
@@ -150,14 +160,15 @@ def filtered_probs(logits_xV, filters: Filters):
 
 
 def apply_sampling_filters(logits, temperature: float = 1.0, top_k: int = 0,
-                           top_p: float = 1.0):
-  """Probabilities float32[..., V] after temperature, then top-k, then top-p (nucleus).
+                           top_p: float = 1.0, min_p: float = 0.0):
+  """Probabilities float32[..., V] after temperature, then min-p (tokens with probability
+  below min_p times the top token's are dropped), then top-k, then top-p (nucleus).
 
-  temperature 0 gives a one-hot at the argmax (first maximum). top_k = 0 and top_p = 1 are
-  off. Ties at the top-k or top-p boundary are all kept, so the support can exceed k.
-  The settings are Python numbers, checked here; usable inside jit.
+  temperature 0 gives a one-hot at the argmax (first maximum). top_k = 0, top_p = 1 and
+  min_p = 0 are off. Ties at the top-k or top-p boundary are all kept, so the support can
+  exceed k. The settings are Python numbers, checked here; usable inside jit.
   """
-  filters = Filters.of(temperature, top_k, top_p)
+  filters = Filters.of(temperature, top_k, top_p, min_p)
   logits = jnp.asarray(logits)
   if logits.ndim < 1 or logits.shape[-1] == 0:
     raise ValueError(f"logits must be [..., V] with V >= 1, got shape {tuple(logits.shape)}")
@@ -294,7 +305,7 @@ def _check_key(key, batch: int):
 
 def speculative_sample(draft_tokens, draft_logits, target_logits, key, *,
                        temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                       draft_lengths=None, noise_slots: int | None = None,
+                       min_p: float = 0.0, draft_lengths=None, noise_slots: int | None = None,
                        check_values: bool = True) -> VerifyOutput:
   """Lossless chain speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
 
@@ -304,8 +315,8 @@ def speculative_sample(draft_tokens, draft_logits, target_logits, key, *,
     target_logits: float[B, K+1, V] (row K is the bonus row).
     key: one PRNG key for the whole batch, or a typed key per row [B] (row b's draws then
       depend on key[b] only, as in the decode engines).
-    temperature, top_k, top_p: filters applied to both distributions (traced: other values
-      reuse the compiled program).
+    temperature, top_k, top_p, min_p: filters applied to both distributions
+      (`apply_sampling_filters`; traced: other values reuse the compiled program).
     draft_lengths: optional int[B] in [0, K]: row b's draft is its first draft_lengths[b]
       tokens; the rest are never accepted, and a row that accepts its whole draft samples the
       next token from the target (default: every row's draft is all K).
@@ -321,7 +332,7 @@ def speculative_sample(draft_tokens, draft_logits, target_logits, key, *,
     tokens that differ from the target argmax; nonfinite flags rows whose target or draft
     logits are not finite.
   """
-  filters = Filters.of(temperature, top_k, top_p)
+  filters = Filters.of(temperature, top_k, top_p, min_p)
   draft, z, vocab = checks.block(draft_tokens, target_logits)
   b, k = draft.shape
   zq = checks.logits(draft_logits, "draft_logits", (b, k, vocab))
@@ -343,7 +354,7 @@ def sample_without_draft(target_logits_BxV, key, noise_slots: int, filters: Filt
 
 def tree_speculative_sample(tree_tokens, parents, draft_logits, target_logits, key, *,
                             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                            max_depth=None, check_values: bool = True) -> TreeVerifyOutput:
+                            min_p: float = 0.0, max_depth=None, check_values: bool = True) -> TreeVerifyOutput:
   """Lossless tree (multi-draft) speculative sampling by recursive rejection sampling.
 
   Args:
@@ -351,7 +362,7 @@ def tree_speculative_sample(tree_tokens, parents, draft_logits, target_logits, k
       each node must be i.i.d. draws from the filtered draft distribution at that node.
     draft_logits: float[B, N, V]; row 0 is the draft at the root, row n+1 after node n.
     target_logits: float[B, N+1, V]; row 0 at the root, row n+1 after node n.
-    key, temperature, top_k, top_p, check_values: as `speculative_sample`.
+    key, temperature, top_k, top_p, min_p, check_values: as `speculative_sample`.
     max_depth: static path length D of the output (default N).
 
   Returns:
@@ -359,7 +370,7 @@ def tree_speculative_sample(tree_tokens, parents, draft_logits, target_logits, k
     target would sample them. A chain given as a tree gives the same result as
     `speculative_sample` with the same key.
   """
-  filters = Filters.of(temperature, top_k, top_p)
+  filters = Filters.of(temperature, top_k, top_p, min_p)
   toks, par, z, vocab, depth = checks.tree(tree_tokens, parents, target_logits, max_depth,
                                            check_values)
   b, n = toks.shape

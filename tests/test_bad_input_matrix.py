@@ -191,6 +191,15 @@ API = [
     ("SamplingConfig: top_k<0", lambda: SamplingConfig(top_k=-1), ValueError, "top_k"),
     ("SamplingConfig: top_k 1.5", lambda: SamplingConfig(top_k=1.5), ValueError, "top_k"),
     ("SamplingConfig: top_p str", lambda: SamplingConfig(top_p="0.9"), ValueError, "top_p"),
+    ("SamplingConfig: min_p<0", lambda: SamplingConfig(1.0, min_p=-0.1), ValueError, "min_p"),
+    ("SamplingConfig: min_p>1", lambda: SamplingConfig(1.0, min_p=1.5), ValueError, "min_p"),
+    ("SamplingConfig: min_p nan", lambda: SamplingConfig(1.0, min_p=math.nan), ValueError,
+     "min_p"),
+    # greedy decoding takes the argmax: a filter beside it would be ignored without a word
+    ("SamplingConfig: top_k when greedy", lambda: SamplingConfig(top_k=5), ValueError,
+     "top_k=5 filters sampling, but temperature 0 is greedy decoding"),
+    ("SamplingConfig: top_p and min_p when greedy", lambda: SamplingConfig(top_p=0.9, min_p=0.1),
+     ValueError, "top_p=0.9 and min_p=0.1 filter sampling, but temperature 0"),
     ("filters: temperature<0", lambda: apply_sampling_filters(LOGITS, temperature=-1.0),
      ValueError, "temperature"),
     ("filters: top_p 0", lambda: apply_sampling_filters(LOGITS, top_p=0.0), ValueError, "top_p"),
@@ -566,6 +575,9 @@ GENERATE = [
     (["--prompt", "hi", "--draft", "some/folder", "--drafter", "ngram"],
      "needs an n-gram drafter name"),
     (["--prompt", "hi", "--seed", "-1"], "seed must be in"),
+    (["--prompt", "hi", "--top-k", "5"], "top_k=5 filters sampling, but temperature 0 is greedy"),
+    (["--prompt", "hi", "--min-p", "0.1"], "min_p=0.1 filters sampling"),
+    (["--prompt", "hi", "--temperature", "1", "--min-p", "1.5"], "min_p must be in [0, 1]"),
 ]
 
 

@@ -65,7 +65,7 @@ def pair():
 
 
 @pytest.mark.parametrize("sampling", [SamplingConfig(temperature=1.0),
-                                      SamplingConfig(temperature=1.0, top_p=0.9)])
+                                      SamplingConfig(temperature=1.0, top_p=0.9, min_p=0.2)])
 def test_speculative_sampling_matches_the_target_distribution(pair, sampling):
   tfns, tparams, dparams = pair
   exact = _exact_joint(tfns, tparams, sampling)

@@ -23,7 +23,8 @@ V = 16
 SAMPLES = 200_000
 CHUNKS = 2
 TV_BOUND = 0.012
-FILTERS = [dict(), dict(temperature=0.8, top_k=10, top_p=0.9)]
+FILTERS = [dict(), dict(temperature=0.8, top_k=10, top_p=0.9),
+           dict(temperature=1.2, min_p=0.1, top_p=0.95)]
 
 
 def tv(samples, probs):
@@ -57,15 +58,24 @@ def test_filters_by_hand():
   np.testing.assert_allclose(apply_sampling_filters(z, temperature=0.5), hot, rtol=1e-5)
   np.testing.assert_array_equal(apply_sampling_filters(np.array([1.0, 3.0, 3.0]), 0.0),
                                 [0, 1, 0])  # first maximum, as jnp.argmax
+  # min-p keeps p >= min_p * max p, of the distribution after temperature.
+  np.testing.assert_allclose(apply_sampling_filters(z, min_p=0.45), [0, 2 / 9, 3 / 9, 4 / 9],
+                             rtol=1e-6)
+  np.testing.assert_allclose(apply_sampling_filters(z, min_p=0.8), [0, 0, 0, 1], rtol=1e-6)
+  np.testing.assert_allclose(apply_sampling_filters(z, temperature=0.5, min_p=0.5),
+                             [0, 0, 9 / 25, 16 / 25], rtol=1e-5)
   # Ties at the top-k boundary are all kept.
   np.testing.assert_allclose(apply_sampling_filters(np.array([2.0, 1.0, 1.0, 0.0]), top_k=2)[3],
                              0.0)
   assert float(apply_sampling_filters(np.array([2.0, 1.0, 1.0, 0.0]), top_k=2)[2]) > 0
 
 
-def reference_filters(z, temperature, top_k, top_p):
+def reference_filters(z, temperature, top_k, top_p, min_p=0.0):
   """Sort-based filters in float64, one row at a time."""
   z = np.asarray(z, np.float64) / temperature
+  if min_p > 0:  # p >= min_p * max p, on the softmax after temperature
+    p = np.exp(z - z.max(-1, keepdims=True))
+    z = np.where(p >= min_p, z, -np.inf)
   if 0 < top_k < z.shape[-1]:
     kth = np.sort(z, axis=-1)[..., -top_k][..., None]
     z = np.where(z >= kth, z, -np.inf)
@@ -80,23 +90,25 @@ def reference_filters(z, temperature, top_k, top_p):
   return p
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 3, 1.0), (0.7, 1, 1.0),
-                                                       (1.3, 0, 0.8), (0.9, 20, 0.5),
-                                                       (1.0, 50, 0.95)])
-def test_filters_match_a_sort_based_reference(temperature, top_k, top_p):
-  rng = np.random.default_rng(top_k)
+@pytest.mark.parametrize("temperature, top_k, top_p, min_p", [
+    (1.0, 3, 1.0, 0.0), (0.7, 1, 1.0, 0.0), (1.3, 0, 0.8, 0.0), (0.9, 20, 0.5, 0.0),
+    (1.0, 50, 0.95, 0.0), (1.0, 0, 1.0, 0.05), (0.6, 0, 0.9, 0.2), (1.5, 8, 1.0, 0.1),
+    (1.0, 0, 1.0, 1.0)])
+def test_filters_match_a_sort_based_reference(temperature, top_k, top_p, min_p):
+  rng = np.random.default_rng(top_k + int(100 * min_p))
   z = random_logits(rng, 64, 40, peaked=2.0)
   z[:16] = np.round(z[:16])  # exact ties, also at the top-k boundary
   z[16:20, 5] = -np.inf      # masked ids
-  got = apply_sampling_filters(z, temperature, top_k, top_p)
-  want = reference_filters(z, temperature, top_k, top_p)
+  got = apply_sampling_filters(z, temperature, top_k, top_p, min_p)
+  want = reference_filters(z, temperature, top_k, top_p, min_p)
   np.testing.assert_array_equal(np.asarray(got) > 0, want > 0)
   np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("kwargs", [dict(temperature=-1.0), dict(temperature=float("nan")),
                                     dict(top_k=-1), dict(top_k=1.5), dict(top_p=0.0),
-                                    dict(top_p=1.5)])
+                                    dict(top_p=1.5), dict(min_p=-0.1), dict(min_p=1.5),
+                                    dict(min_p=float("nan")), dict(min_p="0.1")])
 def test_filters_reject_bad_settings(kwargs):
   with pytest.raises(ValueError):
     apply_sampling_filters(np.zeros(4), **kwargs)

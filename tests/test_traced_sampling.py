@@ -47,11 +47,11 @@ _ENGINES = {
 @pytest.mark.parametrize("engine", sorted(_ENGINES))
 def test_other_sampling_values_reuse_the_compiled_loop(engine):
   decode = _ENGINES[engine]
-  first = np.asarray(decode(SamplingConfig(0.7, top_k=5, top_p=0.9)).tokens_BxN)
+  first = np.asarray(decode(SamplingConfig(0.7, top_k=5, top_p=0.9, min_p=0.05)).tokens_BxN)
   before = _COMPILATIONS.count
-  others = [np.asarray(decode(SamplingConfig(t, top_k=k, top_p=p)).tokens_BxN)
-            for t, k, p in ((1.3, 9, 0.8), (0.05, 60, 0.99), (2.0, 1, 0.5))]
-  again = np.asarray(decode(SamplingConfig(0.7, top_k=5, top_p=0.9)).tokens_BxN)
+  others = [np.asarray(decode(SamplingConfig(t, top_k=k, top_p=p, min_p=m)).tokens_BxN)
+            for t, k, p, m in ((1.3, 9, 0.8, 0.01), (0.05, 60, 0.99, 0.2), (2.0, 1, 0.5, 0.5))]
+  again = np.asarray(decode(SamplingConfig(0.7, top_k=5, top_p=0.9, min_p=0.05)).tokens_BxN)
   assert _COMPILATIONS.count == before
   # The values reach the program: other settings sample otherwise, the first ones the same.
   np.testing.assert_array_equal(again, first)
