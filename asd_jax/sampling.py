@@ -43,7 +43,8 @@ class SamplingConfig:
     on = [f"{name}={getattr(self, name)!r}" for name, off in FILTERS_OFF.items()
           if getattr(self, name) != off]
     if self.greedy and on:
-      raise ValueError(f"{' and '.join(on)} {'filter' if len(on) > 1 else 'filters'} sampling, but temperature 0 is greedy "
+      verb = "filter" if len(on) > 1 else "filters"
+      raise ValueError(f"{' and '.join(on)} {verb} sampling, but temperature 0 is greedy "
                        "decoding (the argmax), which it would not change; set a temperature "
                        "> 0 or drop it")
 

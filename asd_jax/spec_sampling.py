@@ -354,7 +354,8 @@ def sample_without_draft(target_logits_BxV, key, noise_slots: int, filters: Filt
 
 def tree_speculative_sample(tree_tokens, parents, draft_logits, target_logits, key, *,
                             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                            min_p: float = 0.0, max_depth=None, check_values: bool = True) -> TreeVerifyOutput:
+                            min_p: float = 0.0, max_depth=None,
+                            check_values: bool = True) -> TreeVerifyOutput:
   """Lossless tree (multi-draft) speculative sampling by recursive rejection sampling.
 
   Args:
