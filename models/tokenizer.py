@@ -126,7 +126,12 @@ def encode_chat(tokenizer, prompt: str | Sequence[Mapping[str, Any]],
   messages = chat_messages(prompt, system)
   if not getattr(tokenizer, "chat_template", None):
     raise CheckpointError(f"tokenizer {tokenizer.name_or_path!r} has no chat template")
-  text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+  from jinja2.exceptions import TemplateError  # transformers' template engine
+  try:
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+  except TemplateError as e:  # e.g. a template without a system role (Gemma's, Mistral's)
+    raise ValueError(f"the chat template of {tokenizer.name_or_path!r} refused the messages "
+                     f"(roles {', '.join(m['role'] for m in messages)}): {e}") from None
   return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 

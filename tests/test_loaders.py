@@ -603,3 +603,21 @@ def test_a_tokenizer_fits_its_model_and_a_larger_one_is_refused(smollm2, monkeyp
   check_tokenizer_fits(tokenizer, vocab + 64, "smollm2-135m")  # padded embeddings are normal
   with pytest.raises(CheckpointError, match="49152 tokens but the model's vocab_size is 97"):
     check_tokenizer_fits(tokenizer, 97, "smollm2-135m")
+
+
+def test_a_template_that_refuses_a_role_names_it_in_one_error():
+  """Some templates (Gemma's, Mistral's) raise on a system message; the jinja2 error becomes a
+  ValueError that says which roles were sent."""
+  from tokenizers import Tokenizer, models as tokenizer_models, pre_tokenizers
+  from transformers import PreTrainedTokenizerFast
+  words = Tokenizer(tokenizer_models.WordLevel({"<unk>": 0, "a": 1}, unk_token="<unk>"))
+  words.pre_tokenizer = pre_tokenizers.Whitespace()
+  tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="<unk>")
+  tokenizer.chat_template = (
+      "{% for m in messages %}{% if m['role'] == 'system' %}"
+      "{{ raise_exception('System role not supported') }}{% endif %}{{ m['content'] }}"
+      "{% endfor %}")
+  assert encode_chat(tokenizer, "a") == [1]
+  with pytest.raises(ValueError, match=r"refused the messages \(roles system, user\): System "
+                     "role not supported"):
+    encode_chat(tokenizer, "a", system="a")
