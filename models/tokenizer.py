@@ -7,6 +7,7 @@ Only local files are read: there is no model hub at run time.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -41,6 +42,14 @@ def load_tokenizer(name_or_path: str | os.PathLike, cache: bool = True):
   folder = cache_entry_dir(resolved) / "tokenizer" if cache else None
   if folder is not None and (folder / _MARKER).is_file():
     return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+  if importlib.util.find_spec("torch") is None:
+    # transformers reads a GGUF's tokenizer with a module that imports torch (5.x as 4.x), and
+    # asd-jax does not require torch (it is a test extra): say so instead of its traceback.
+    raise CheckpointError(
+        f"{resolved.path}: building this GGUF's tokenizer needs torch, which transformers' GGUF "
+        "reader imports; install it once (`pip install torch`, or asd-jax's test extra; "
+        "`make demo` does) and the tokenizer is then cached and loads without it, or pass an "
+        "HF folder with tokenizer files")
   tokenizer = AutoTokenizer.from_pretrained(
       resolved.tokenizer_dir, gguf_file=resolved.tokenizer_gguf_file, local_files_only=True)
   if folder is not None:

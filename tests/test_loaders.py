@@ -540,6 +540,25 @@ def test_smollm2_tokenizer_matches_transformers_and_survives_cache(smollm2, monk
 
 
 @needs_smollm2
+def test_without_torch_a_gguf_tokenizer_loads_from_its_cache_or_says_what_it_needs(
+    smollm2, monkeypatch, tmp_path):
+  """transformers reads a GGUF's tokenizer with a module that imports torch, which asd-jax does
+  not require: an install without it gets one error saying so, and once the tokenizer is cached
+  (here by the fixture's load, with torch) it loads without torch."""
+  import importlib.util
+  from models.errors import CheckpointError
+  monkeypatch.setenv(registry.CACHE_ENV, str(smollm2.cache))
+  load_tokenizer("smollm2-135m")  # with torch: built and cached if no other test has yet
+  real_find_spec = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda name, *a: None if name == "torch" else real_find_spec(name, *a))
+  assert len(load_tokenizer("smollm2-135m")) == 49152
+  monkeypatch.setenv(registry.CACHE_ENV, str(tmp_path))  # nothing cached here
+  with pytest.raises(CheckpointError, match="building this GGUF's tokenizer needs torch"):
+    load_tokenizer("smollm2-135m")
+
+
+@needs_smollm2
 def test_smollm2_chat_takes_a_system_message_and_a_conversation(smollm2, monkeypatch):
   """The ids are the ChatML text SmolLM2's template defines, written out here by hand: the
   default system prompt without `system`, the given one instead of it, every turn in order."""
