@@ -43,8 +43,8 @@ def load_tokenizer(name_or_path: str | os.PathLike, cache: bool = True):
   if folder is not None and (folder / _MARKER).is_file():
     return AutoTokenizer.from_pretrained(folder, local_files_only=True)
   if importlib.util.find_spec("torch") is None:
-    # transformers reads a GGUF's tokenizer with a module that imports torch (5.x as 4.x), and
-    # asd-jax does not require torch (it is a test extra): say so instead of its traceback.
+    # transformers reads a GGUF's tokenizer with a module that needs torch (5.25's imports it at
+    # the top), and asd-jax does not require torch (a test extra): say so, not its traceback.
     raise CheckpointError(
         f"{resolved.path}: building this GGUF's tokenizer needs torch, which transformers' GGUF "
         "reader imports; install it once (`pip install torch`, or asd-jax's test extra; "
