@@ -544,7 +544,7 @@ def test_without_torch_a_gguf_tokenizer_loads_from_its_cache_or_says_what_it_nee
     smollm2, monkeypatch, tmp_path):
   """transformers reads a GGUF's tokenizer with a module that imports torch, which asd-jax does
   not require: an install without it gets one error saying so, and once the tokenizer is cached
-  (here by the fixture's load, with torch) it loads without torch."""
+  (here by a first load with torch) it loads without torch."""
   import importlib.util
   from models.errors import CheckpointError
   monkeypatch.setenv(registry.CACHE_ENV, str(smollm2.cache))
