@@ -73,7 +73,7 @@ def load_gguf(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, np.nda
     CheckpointError: missing/corrupt file, unknown tensor, unsupported quantisation type.
     UnsupportedArchitectureError: an architecture or hyper-parameter this decoder lacks.
   """
-  reader = _open(path)
+  reader = open_gguf(path)
   config = gguf_config(reader, path)
   n_heads = config["num_attention_heads"]
   n_kv_heads = config["num_key_value_heads"]
@@ -101,7 +101,7 @@ def load_gguf_blocks(path: str | os.PathLike, kinds: tuple[str, ...] = ("Q4_1", 
   in `kinds`, its rows in HF order (Q/K un-permuted like `load_gguf`'s), so that dequantising
   a row gives that row of `load_gguf`'s tensor exactly. Nothing is dequantised.
   """
-  reader = _open(path)
+  reader = open_gguf(path)
   config = gguf_config(reader, path)
   permuted = config["model_type"] == "llama"
   blocks = {}
@@ -188,7 +188,9 @@ def gguf_config(reader: gguf.GGUFReader, path: str | os.PathLike) -> dict[str, A
   return config
 
 
-def _open(path: str | os.PathLike) -> gguf.GGUFReader:
+def open_gguf(path: str | os.PathLike) -> gguf.GGUFReader:
+  """The file's reader (metadata and tensor index); a missing or corrupt file is a
+  CheckpointError."""
   if not os.path.isfile(path):
     raise CheckpointError(f"GGUF file {path} does not exist")
   try:

@@ -44,14 +44,12 @@ def load_tokenizer(name_or_path: str | os.PathLike, cache: bool = True):
     return AutoTokenizer.from_pretrained(folder, local_files_only=True)
   if importlib.util.find_spec("torch") is None:
     # transformers reads a GGUF's tokenizer with a module that needs torch (5.25's imports it at
-    # the top), and asd-jax does not require torch (a test extra): say so, not its traceback.
-    raise CheckpointError(
-        f"{resolved.path}: building this GGUF's tokenizer needs torch, which transformers' GGUF "
-        "reader imports; install it once (`pip install torch`, or asd-jax's test extra; "
-        "`make demo` does) and the tokenizer is then cached and loads without it, or pass an "
-        "HF folder with tokenizer files")
-  tokenizer = AutoTokenizer.from_pretrained(
-      resolved.tokenizer_dir, gguf_file=resolved.tokenizer_gguf_file, local_files_only=True)
+    # the top), and asd-jax does not require torch (a test extra): read the metadata ourselves.
+    from models.gguf_tokenizer import gguf_tokenizer_without_torch
+    tokenizer = gguf_tokenizer_without_torch(resolved.path)
+  else:
+    tokenizer = AutoTokenizer.from_pretrained(
+        resolved.tokenizer_dir, gguf_file=resolved.tokenizer_gguf_file, local_files_only=True)
   if folder is not None:
     try:
       write_atomically(folder, tokenizer.save_pretrained)

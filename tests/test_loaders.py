@@ -540,22 +540,50 @@ def test_smollm2_tokenizer_matches_transformers_and_survives_cache(smollm2, monk
 
 
 @needs_smollm2
-def test_without_torch_a_gguf_tokenizer_loads_from_its_cache_or_says_what_it_needs(
-    smollm2, monkeypatch, tmp_path):
+def test_without_torch_a_gguf_tokenizer_is_built_from_its_metadata_alike(smollm2, monkeypatch,
+                                                                          tmp_path):
   """transformers reads a GGUF's tokenizer with a module that imports torch, which asd-jax does
-  not require: an install without it gets one error saying so, and once the tokenizer is cached
-  (here by a first load with torch) it loads without torch."""
+  not require. Without torch, models/gguf_tokenizer.py reads the metadata and calls
+  transformers' converter: the tokenizer must be the one transformers builds with torch (ids,
+  text, special tokens, chat template, the stop gate's table), built and then cached."""
   import importlib.util
-  from models.errors import CheckpointError
+  from asd_jax.bench_prompts import humaneval_prompts, mt_bench_prompts
+  from asd_jax.stop_strings import StopStrings
+  from models import gguf_tokenizer
   monkeypatch.setenv(registry.CACHE_ENV, str(smollm2.cache))
-  load_tokenizer("smollm2-135m")  # with torch: built and cached if no other test has yet
-  real_find_spec = importlib.util.find_spec
+  reference = load_tokenizer("smollm2-135m")  # with torch (a test dependency)
+  real_find_spec, builds = importlib.util.find_spec, []
   monkeypatch.setattr(importlib.util, "find_spec",
                       lambda name, *a: None if name == "torch" else real_find_spec(name, *a))
-  assert len(load_tokenizer("smollm2-135m")) == 49152
+  real_build = gguf_tokenizer.gguf_tokenizer_without_torch
+  monkeypatch.setattr(gguf_tokenizer, "gguf_tokenizer_without_torch",
+                      lambda path: builds.append(path) or real_build(path))
   monkeypatch.setenv(registry.CACHE_ENV, str(tmp_path))  # nothing cached here
-  with pytest.raises(CheckpointError, match="building this GGUF's tokenizer needs torch"):
-    load_tokenizer("smollm2-135m")
+  built = load_tokenizer("smollm2-135m")
+  cached = load_tokenizer("smollm2-135m")
+  assert len(builds) == 1  # built once without torch, then read from the cache
+  texts = [p.text for p in mt_bench_prompts() + humaneval_prompts()] + [
+      "  leading\tand 123456 digits 3.14 ", "日本語のテキスト 🤖 émoji\r\n\n\n",
+      "<|im_start|>user\nhi<|im_end|>\n<|endoftext|>", ""]
+  assert len(texts) > 200
+  for tokenizer in (built, cached):
+    assert len(tokenizer) == len(reference) == 49152
+    assert tokenizer.chat_template == reference.chat_template
+    for attr in ("bos_token", "eos_token", "unk_token", "pad_token"):
+      assert getattr(tokenizer, attr) == getattr(reference, attr), attr
+    assert eos_token_ids(tokenizer, smollm2.config) == eos_token_ids(reference, smollm2.config)
+    for text in texts:
+      ids = reference(text)["input_ids"]
+      assert tokenizer(text)["input_ids"] == ids, text
+      assert tokenizer.decode(ids) == reference.decode(ids)
+      assert tokenizer.decode(ids, skip_special_tokens=True) == reference.decode(
+          ids, skip_special_tokens=True)
+      if text.strip():
+        assert encode_chat(tokenizer, text) == encode_chat(reference, text)
+    stops = ("\n\n", "```", "def ")
+    gate = StopStrings.from_tokenizer(tokenizer, stops).completers
+    assert gate is not None  # the gate is on for this tokenizer, as for the reference
+    np.testing.assert_array_equal(gate, StopStrings.from_tokenizer(reference, stops).completers)
 
 
 @needs_smollm2
