@@ -668,3 +668,17 @@ def test_a_template_that_refuses_a_role_names_it_in_one_error():
   with pytest.raises(ValueError, match=r"refused the messages \(roles system, user\): System "
                      "role not supported"):
     encode_chat(tokenizer, "a", system="a")
+
+
+def test_the_torch_free_gguf_tokenizer_refuses_what_it_cannot_build(tmp_path, monkeypatch):
+  """A GGUF without tokenizer metadata, and a transformers whose converter is not where it is
+  called, are each one CheckpointError naming the file (not a KeyError or ImportError)."""
+  import sys
+  from models.errors import CheckpointError
+  from models.gguf_tokenizer import gguf_tokenizer_without_torch
+  path = write_gguf(tmp_path / "no_tokenizer.gguf", tiny_model("llama"), "llama")
+  with pytest.raises(CheckpointError, match="no_tokenizer.gguf: the GGUF holds no tokenizer"):
+    gguf_tokenizer_without_torch(path)
+  monkeypatch.setitem(sys.modules, "transformers.integrations.gguf.gguf_tokenizer_mapping", None)
+  with pytest.raises(CheckpointError, match="needs torch with this transformers"):
+    gguf_tokenizer_without_torch(path)
