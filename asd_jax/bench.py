@@ -330,6 +330,14 @@ def _check_args(args) -> tuple[tuple[str, ...], list[str]]:
   if args.llama_cpp:
     from asd_jax.bench_llama_cpp import import_llama_cpp
     import_llama_cpp()
+  import importlib.util
+  if ((TRANSFORMERS_ROWS & set(_base_rows(args)) or args.assisted)
+      and importlib.util.find_spec("torch") is None):
+    # Those rows ran last of all setup, after the model load, and died importing torch.
+    raise ValueError("the transformers rows (`generate`, and assisted generation in a suite) "
+                     "run on torch, which asd-jax does not require and this environment "
+                     "lacks: install torch (asd-jax's test extra; `make` does) or pass "
+                     "--skip-transformers")
   if args.batch_size > 1:
     # Batches never mix suites: past a suite's prompt count every call pads with dummy rows
     # that cost as much as real ones (--num-prompts 1 --batch-size 256: 10x the time).

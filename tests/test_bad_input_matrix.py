@@ -632,6 +632,27 @@ def test_bench_cli_one_line_errors(argv, message, capsys, tmp_path, monkeypatch,
   assert err.startswith("error: ") and message in err
 
 
+def test_bench_without_torch_refuses_its_transformers_rows_first(capsys, tmp_path, monkeypatch,
+                                                                no_model_load):
+  """asd-jax does not require torch; the transformers rows need it. Without it, a run that
+  would make them says so before the model loads (it died importing torch after the load)."""
+  import importlib.util
+  from asd_jax import bench
+  real_find_spec = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda name, *a: None if name == "torch" else real_find_spec(name, *a))
+  monkeypatch.setenv("ASD_JAX_CACHE_DIR", str(tmp_path / "cache"))
+  for argv in (["--mode", "ar"], ["--mode", "suite", "--draft", "ngram"]):
+    with pytest.raises(SystemExit) as e:
+      bench.main(argv + ["--json", str(tmp_path / "out.json")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: the transformers rows"), err
+    assert "--skip-transformers" in err
+  # Skipped, they do not stand in the way: the run gets as far as loading the model.
+  with pytest.raises(AssertionError, match="the model was loaded"):
+    bench.main(["--mode", "ar", "--skip-transformers", "--json", str(tmp_path / "out.json")])
+
+
 TRAIN = [
     (["--config=tiny", "--mesh=0x1"], "mesh"),
     (["--config=tiny", "--set", "steps"], "override"),
