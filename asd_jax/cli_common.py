@@ -173,6 +173,8 @@ class PromptLine:
   strings."""
   message: str | list[dict[str, str]]
   stop: tuple[str, ...] = ()
+  max_new_tokens: int | None = None  # a .jsonl line's own; None: --max-new-tokens
+  seed: int | None = None  # a .jsonl line's own sampling seed; None: --seed + its index
 
   def shown(self) -> str:
     """What a text listing shows for the request: the message, or a conversation's last one."""
@@ -191,15 +193,28 @@ def _line_stop(record: dict, where: str) -> tuple[str, ...]:
   return tuple(stop)
 
 
-PROMPT_RECORD_KEYS = frozenset({"prompt", "messages", "stop"})  # a .jsonl line's keys
+# A .jsonl line's keys (vLLM's and OpenAI's request fields where they have one).
+PROMPT_RECORD_KEYS = frozenset({"prompt", "messages", "stop", "max_new_tokens", "seed"})
+
+
+def _line_int(record: dict, key: str, low: int, high: int, where: str) -> int | None:
+  """A .jsonl line's optional integer field in [low, high]; a bool or float is refused (JSON's
+  true and 5.0 are not counts)."""
+  value = record.get(key)
+  if value is None:
+    return None
+  if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+    raise ValueError(f'{where}: "{key}" must be an integer in [{low}, {high}], got {value!r}')
+  return value
 
 
 def read_prompts_file(path: str) -> list[PromptLine]:
   """The requests of a prompts file, in order: one user message per line, or, for a `.jsonl`
   file, one JSON object per line with a string "prompt" (a message with newlines in it) or
   "messages" (a conversation, checked by models.tokenizer.chat_messages) and optionally "stop"
-  (a string or a list: that answer's own stop strings); any other key is refused (a misspelt
-  "stops" would otherwise be dropped without a word). Trailing blank lines
+  (a string or a list: that answer's own stop strings), "max_new_tokens" and "seed" (that
+  answer's own); any other key is refused (a misspelt "stops" would otherwise be dropped without
+  a word). Trailing blank lines
   are dropped; a blank line or message between prompts is refused, as a hole in the file is
   likelier a mistake than a prompt."""
   import json
@@ -234,22 +249,25 @@ def read_prompts_file(path: str) -> list[PromptLine]:
         raise ValueError(f"{flag}: line {number} has key(s) {', '.join(map(repr, unknown))}, "
                          f"which a request does not take; the keys are "
                          f"{', '.join(map(repr, sorted(PROMPT_RECORD_KEYS)))}")
-      stop = _line_stop(record, f"{flag}: line {number}")
+      where = f"{flag}: line {number}"
+      stop = _line_stop(record, where)
+      own = dict(max_new_tokens=_line_int(record, "max_new_tokens", 1, 2**31 - 1, where),
+                 seed=_line_int(record, "seed", 0, 2**32 - 1, where))
       if "messages" in record:
         if not isinstance(record["messages"], list) or not record["messages"]:
           raise ValueError(f'{flag}: line {number}: "messages" must be a non-empty list of '
                            '{"role", "content"} objects')
         from models.tokenizer import chat_messages
         chat_messages(record["messages"], where=f"{flag}: line {number}")  # checked now
-        prompts.append(PromptLine(record["messages"], stop))
+        prompts.append(PromptLine(record["messages"], stop, **own))
         continue
       line = record["prompt"]
     else:
-      stop = ()
+      stop, own = (), {}
     if not line.strip():
       raise ValueError(f"empty prompt: {flag}, line {number} is blank; write one prompt per "
                        "line")
-    prompts.append(PromptLine(line, stop))
+    prompts.append(PromptLine(line, stop, **own))
   return prompts
 
 

@@ -63,8 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
   src.add_argument("--prompt-ids", help="raw comma-separated token ids, no template")
   src.add_argument("--prompts-file", help="user messages, one per line (or a .jsonl file of "
                    '{"prompt": ..., "stop": [...]} objects, or {"messages": [{"role": ..., '
-                   '"content": ...}, ...]} for a conversation; "stop" optional: that answer\'s '
-                   "stop strings, added to --stop's); the chat template is applied to each")
+                   '"content": ...}, ...]} for a conversation; optional: "stop", that answer\'s '
+                   'stop strings, added to --stop\'s, and its own "max_new_tokens" and "seed"); '
+                   "the chat template is applied to each")
   p.add_argument("--system", metavar="TEXT", help="system message placed before each prompt "
                  "(replaces the chat template's default one, e.g. SmolLM2's)")
   p.add_argument("--batch-size", type=int,
@@ -183,20 +184,22 @@ def top_candidates(tokenizer, ids_NxL, logprobs_NxL) -> list[list[dict]]:
           for row_ids, row_lps in zip(ids, json_logprobs(logprobs_NxL))]
 
 
-def check_rows_fit(rows: list[list[int]], max_new_tokens: int, max_positions: int | None,
+def check_rows_fit(rows: list[list[int]], max_new: list[int], max_positions: int | None,
                    path: str) -> None:
   """Every prompt of a file is checked before the first batch decodes, so a long one on line 90
-  does not throw away the answers of lines 1-89; the error names the lines."""
+  does not throw away the answers of lines 1-89; the error names the lines. max_new: each
+  row's max_new_tokens."""
   if max_positions is None:
     return
-  over = [i + 1 for i, r in enumerate(rows) if len(r) + max_new_tokens > max_positions]
+  over = [i + 1 for i, (r, n) in enumerate(zip(rows, max_new)) if len(r) + n > max_positions]
   if over:
     longest = max(len(rows[i - 1]) for i in over)
+    most = max(max_new[i - 1] for i in over)
     raise ValueError(f"--prompts-file {path}: prompt(s) on line(s) "
                      f"{', '.join(map(str, over[:10]))}{' ...' if len(over) > 10 else ''} "
-                     f"(up to {longest} tokens) + max_new_tokens ({max_new_tokens}) exceed the "
+                     f"(up to {longest} tokens) + max_new_tokens (up to {most}) exceed the "
                      f"context window ({max_positions} positions); shorten them or lower "
-                     "--max-new-tokens")
+                     "--max-new-tokens or the lines' \"max_new_tokens\"")
 
 
 @run_cli
@@ -258,11 +261,21 @@ def main(argv=None):
   if args.draft is not None:
     from models.drafter_setup import check_drafter_request
     check_drafter_request(args.draft, args.drafter, tree)
-  prompts = 1 if lines is None else len(lines)
-  if not 0 <= args.seed <= 2**32 - prompts:  # the seeds are seed + i, and row_keys takes uint32
+  # Each answer's sampling seed: a .jsonl line's own, else --seed + its index (row_keys takes
+  # uint32 seeds, so the last of those must stay below 2**32).
+  seeds = ([args.seed] if lines is None else
+           [args.seed + i if line.seed is None else line.seed for i, line in enumerate(lines)])
+  last = max((i for i, line in enumerate(lines or [None]) if line is None or line.seed is None),
+             default=0)
+  if not 0 <= args.seed <= 2**32 - 1 - last:
     raise ValueError(f"--seed must be in [0, 2**32), got {args.seed}" if lines is None else
                      f"--seed {args.seed}: prompt i of the file samples with seed + i, so with "
-                     f"{prompts} prompts --seed must be in [0, {2**32 - prompts}]")
+                     f"{last + 1} prompts --seed must be in [0, {2**32 - 1 - last}]")
+  # Each answer's max_new_tokens: a .jsonl line's own, else --max-new-tokens; the decode calls
+  # all take the largest (one output buffer size), and each row stops at its own.
+  max_new = ([args.max_new_tokens] if lines is None else
+             [line.max_new_tokens or args.max_new_tokens for line in lines])
+  longest_answer = max(max_new)
   from models.registry import peek_vocab_size
   vocab_size = peek_vocab_size(args.target)  # refuses an empty or unknown --target too
   if vocab_size is not None:  # the decode checks these again; here they cost no model load
@@ -287,7 +300,7 @@ def main(argv=None):
   eos = () if args.ignore_eos else eos_token_ids(tokenizer, loaded.hf_config)
   fns, params = decoder_fns(loaded.model, name=args.target)
   if messages is not None:
-    check_rows_fit(rows, args.max_new_tokens, fns.max_positions, args.prompts_file)
+    check_rows_fit(rows, max_new, fns.max_positions, args.prompts_file)
   # Each answer's stop strings: --stop's, plus its .jsonl line's own (one StopStrings per set).
   wanted = [stop_strings] if lines is None else [
       tuple(dict.fromkeys(stop_strings + line.stop)) for line in lines]
@@ -298,9 +311,10 @@ def main(argv=None):
   if args.draft is None:
     stats = {"mode": "plain"}
 
-    def decode(prompt, lengths, stop, seeds):
-      return plain_decode(fns, params, prompt, lengths, max_new_tokens=args.max_new_tokens,
-                          eos_ids=eos, sampling=sampling, seed=seeds, stream=stream,
+    def decode(prompt, lengths, stop, seeds, max_new_B):
+      return plain_decode(fns, params, prompt, lengths, max_new_tokens=longest_answer,
+                          max_new_B=max_new_B, eos_ids=eos, sampling=sampling, seed=seeds,
+                          stream=stream,
                           stop=stop, logprobs=args.logprobs, top_logprobs=args.top_logprobs)
   else:
     rule = args.rule or "strict"
@@ -315,9 +329,10 @@ def main(argv=None):
                              "gate": asd_config.gate, "max_exceptions": asd_config.max_exceptions,
                              "normalize_q": asd_config.normalize_q}
 
-    def decode(prompt, lengths, stop, seeds):
+    def decode(prompt, lengths, stop, seeds, max_new_B):
       return setup.decode(setup.target_fns, setup.target_params, setup.drafter, setup.params,
-                          prompt, lengths, max_new_tokens=args.max_new_tokens, rule=rule,
+                          prompt, lengths, max_new_tokens=longest_answer,
+                          max_new_B=max_new_B, rule=rule,
                           asd_config=asd_config, sampling=sampling, eos_ids=eos,
                           seed=seeds, stream=stream, stop=stop, logprobs=args.logprobs,
                           top_logprobs=args.top_logprobs)
@@ -327,11 +342,12 @@ def main(argv=None):
   for start in range(0, len(rows), batch_size):
     prompt, lengths = right_pad(rows[start:start + batch_size])
     batch_stop = row_stop[start:start + batch_size]
-    # Prompt i samples with seed + i whatever its batch: one seed for the whole batch would give
-    # each row the stream of its place in the batch, so the answers would change with
+    # Prompt i samples with its own seed whatever its batch: one seed for the whole batch would
+    # give each row the stream of its place in the batch, so the answers would change with
     # --batch-size and prompts at the same place in different batches would draw alike.
-    seeds = args.seed + np.arange(start, start + len(batch_stop))
-    result = jax.block_until_ready(decode(prompt, lengths, batch_stop, seeds))
+    batch = slice(start, start + len(batch_stop))
+    result = jax.block_until_ready(decode(prompt, lengths, batch_stop, np.array(seeds[batch]),
+                                          np.array(max_new[batch], np.int32)))
     results.append(result)
     for b, stop in enumerate(batch_stop):
       n = int(result.num_generated_B[b])

@@ -205,8 +205,8 @@ def test_asd_settings_from_the_preset_and_k_from_the_drafter(tiny_target, capsys
      'line 2: "stop" must be a string or a list of strings'),
     ("stops.jsonl", '{"prompt": "a", "stop": ["x", ""]}\n', 'line 1: an empty "stop" string'),
     ("typo.jsonl", '{"prompt": "a"}\n{"prompt": "b", "stops": ["x"]}\n',
-     "line 2 has key(s) 'stops', which a request does not take; the keys are 'messages', "
-     "'prompt', 'stop'"),
+     "line 2 has key(s) 'stops', which a request does not take; the keys are "
+     "'max_new_tokens', 'messages', 'prompt', 'seed', 'stop'"),
     ("both.jsonl", '{"prompt": "a", "messages": [{"role": "user", "content": "a"}]}\n',
      'line 1 must be an object with a string "prompt" or a list of "messages"'),
     ("listprompt.jsonl", '{"prompt": [{"role": "user", "content": "a"}]}\n',
@@ -226,6 +226,12 @@ def test_asd_settings_from_the_preset_and_k_from_the_drafter(tiny_target, capsys
      "empty prompt: --prompts-file"),
     ("extrakey.jsonl", '{"messages": [{"role": "user", "content": "a", "name": "x"}]}\n',
      'line 1: message 0 must be an object with exactly the keys "role" and "content"'),
+    ("zero.jsonl", '{"prompt": "a", "max_new_tokens": 0}\n',
+     'line 1: "max_new_tokens" must be an integer in [1, 2147483647], got 0'),
+    ("float.jsonl", '{"prompt": "a"}\n{"prompt": "b", "max_new_tokens": 5.0}\n',
+     'line 2: "max_new_tokens" must be an integer'),
+    ("seed.jsonl", '{"prompt": "a", "seed": -1}\n', 'line 1: "seed" must be an integer in [0, '),
+    ("boolseed.jsonl", '{"prompt": "a", "seed": true}\n', 'line 1: "seed" must be an integer'),
     ("latin1.txt", b"caf\xe9\n", "not UTF-8 text"),
 ])
 def test_a_bad_prompts_file_is_refused_before_the_model_loads(name, content, message, tmp_path,
@@ -388,6 +394,40 @@ def test_sampled_answers_from_a_file_do_not_depend_on_the_batch(tiny_target, tmp
   with pytest.raises(SystemExit):
     main([*common, "--prompts-file", str(tmp_path / "q.txt"), "--seed", str(2**32 - 2)])
   assert "with 3 prompts --seed must be in [0, 4294967293]" in capsys.readouterr().err
+
+
+def test_a_line_can_set_its_own_max_new_tokens_and_seed(tiny_target, tmp_path,  # noqa: F811
+                                                         capsys):
+  """A .jsonl line's "max_new_tokens" and "seed" apply to that answer only: it is the answer the
+  prompt gets alone with those values, in any batch, beside lines that take --max-new-tokens and
+  --seed + their index."""
+  import json
+  lines = [{"prompt": "write a python function", "max_new_tokens": 3},
+           {"prompt": "the list of numbers", "seed": 11},
+           {"prompt": "return the list"}]
+  (tmp_path / "q.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+  common = ["--target", str(tiny_target), "--ignore-eos", "--json", "--temperature", "1"]
+
+  def run(*flags):
+    main([*common, *flags])
+    return json.loads(capsys.readouterr().out)
+
+  for draft in ([], ["--draft", "ngram", "--k", "3", "--rule", "sample"]):
+    alone = [run("--prompt", line["prompt"], "--max-new-tokens",
+                 str(line.get("max_new_tokens", 8)), "--seed", str(line.get("seed", 5 + i)),
+                 *draft)["tokens"] for i, line in enumerate(lines)]
+    assert [len(a) for a in alone] == [3, 8, 8]
+    for batch in ("1", "3"):
+      answers = run("--prompts-file", str(tmp_path / "q.jsonl"), "--max-new-tokens", "8",
+                    "--seed", "5", "--batch-size", batch, *draft)["answers"]
+      assert [a["tokens"] for a in answers] == alone, (draft, batch)
+  # A line's own max_new_tokens counts against the context window like --max-new-tokens does.
+  (tmp_path / "long.jsonl").write_text(json.dumps({"prompt": "a"}) + "\n" + json.dumps(
+      {"prompt": "a", "max_new_tokens": 5000}) + "\n")
+  with pytest.raises(SystemExit):
+    main([*common, "--prompts-file", str(tmp_path / "long.jsonl")])
+  err = capsys.readouterr().err
+  assert "prompt(s) on line(s) 2 (up to" in err and "+ max_new_tokens (up to 5000) exceed" in err
 
 
 def test_a_prompt_too_long_in_a_file_is_named_before_any_batch(tiny_target, tmp_path,  # noqa: F811
