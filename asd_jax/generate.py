@@ -263,10 +263,9 @@ def main(argv=None):
     check_drafter_request(args.draft, args.drafter, tree)
   # Each answer's sampling seed: a .jsonl line's own, else --seed + its index (row_keys takes
   # uint32 seeds, so the last of those must stay below 2**32).
-  seeds = ([args.seed] if lines is None else
-           [args.seed + i if line.seed is None else line.seed for i, line in enumerate(lines)])
-  last = max((i for i, line in enumerate(lines or [None]) if line is None or line.seed is None),
-             default=0)
+  own_seeds = [None] if lines is None else [line.seed for line in lines]
+  seeds = [args.seed + i if own is None else own for i, own in enumerate(own_seeds)]
+  last = max((i for i, own in enumerate(own_seeds) if own is None), default=0)
   if not 0 <= args.seed <= 2**32 - 1 - last:
     raise ValueError(f"--seed must be in [0, 2**32), got {args.seed}" if lines is None else
                      f"--seed {args.seed}: prompt i of the file samples with seed + i, so with "
