@@ -15,9 +15,6 @@ from asd_jax.sampling_keys import categorical_rows
 from asd_jax.spec_sampling import Filters, filtered_probs, check_filters
 
 
-FILTERS_OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0}  # each filter's value that turns it off
-
-
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
   """Sampling settings, checked. temperature == 0 means greedy (argmax, first max on ties).
@@ -40,8 +37,10 @@ class SamplingConfig:
     values = check_filters(self.temperature, self.top_k, self.top_p, self.min_p)
     for name, value in zip(("temperature", "top_k", "top_p", "min_p"), values):
       object.__setattr__(self, name, value)
-    on = [f"{name}={getattr(self, name)!r}" for name, off in FILTERS_OFF.items()
-          if getattr(self, name) != off]
+    filters = self.filters()  # its use_* flags are the one place that says when one is on
+    on = [f"{name}={getattr(self, name)!r}" for name, used in (
+        ("top_k", filters.use_top_k), ("top_p", filters.use_top_p),
+        ("min_p", filters.use_min_p)) if used]
     if self.greedy and on:
       verb = "filter" if len(on) > 1 else "filters"
       raise ValueError(f"{' and '.join(on)} {verb} sampling, but temperature 0 is greedy "
