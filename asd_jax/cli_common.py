@@ -234,31 +234,31 @@ def read_prompts_file(path: str) -> list[PromptLine]:
   prompts = []
   for number, line in enumerate(lines, 1):
     if str(path).endswith(".jsonl") and line.strip():
+      where = f"{flag}: line {number}"
       try:
         record = json.loads(line)
       except ValueError as e:
-        raise ValueError(f"{flag}: line {number} is not JSON ({e})") from None
+        raise ValueError(f"{where} is not JSON ({e})") from None
       if not isinstance(record, dict) or (("prompt" in record) == ("messages" in record)):
-        raise ValueError(f'{flag}: line {number} must be an object with a string "prompt" or '
-                         'a list of "messages"')
+        raise ValueError(f'{where} must be an object with a string "prompt" or a list of '
+                         '"messages"')
       if "prompt" in record and not isinstance(record["prompt"], str):
-        raise ValueError(f'{flag}: line {number}: "prompt" must be a string; a conversation '
-                         'goes in "messages"')
+        raise ValueError(f'{where}: "prompt" must be a string; a conversation goes in '
+                         '"messages"')
       unknown = sorted(set(record) - PROMPT_RECORD_KEYS)
       if unknown:
-        raise ValueError(f"{flag}: line {number} has key(s) {', '.join(map(repr, unknown))}, "
-                         f"which a request does not take; the keys are "
+        raise ValueError(f"{where} has key(s) {', '.join(map(repr, unknown))}, which a request "
+                         f"does not take; the keys are "
                          f"{', '.join(map(repr, sorted(PROMPT_RECORD_KEYS)))}")
-      where = f"{flag}: line {number}"
       stop = _line_stop(record, where)
       own = dict(max_new_tokens=_line_int(record, "max_new_tokens", 1, 2**31 - 1, where),
                  seed=_line_int(record, "seed", 0, 2**32 - 1, where))
       if "messages" in record:
         if not isinstance(record["messages"], list) or not record["messages"]:
-          raise ValueError(f'{flag}: line {number}: "messages" must be a non-empty list of '
-                           '{"role", "content"} objects')
+          raise ValueError(f'{where}: "messages" must be a non-empty list of {{"role", '
+                           '"content"} objects')
         from models.tokenizer import chat_messages
-        chat_messages(record["messages"], where=f"{flag}: line {number}")  # checked now
+        chat_messages(record["messages"], where=where)  # checked now, before any model load
         prompts.append(PromptLine(record["messages"], stop, **own))
         continue
       line = record["prompt"]
