@@ -31,8 +31,9 @@ import time
 import jax
 import numpy as np
 
-from asd_jax.cli_common import (attach_dash_values, enable_compilation_cache, parse_prompt_ids,
-                                read_prompts_file, right_pad, run_cli, text_stream)
+from asd_jax.cli_common import (attach_dash_values, check_positive_flags,
+                                enable_compilation_cache, parse_prompt_ids, read_prompts_file,
+                                right_pad, run_cli, text_stream)
 from asd_jax.asd_config import PRESETS, preset_with
 from asd_jax.plain_decode import plain_decode
 from asd_jax.request_checks import check_prompts
@@ -210,8 +211,7 @@ def main(argv=None):
   apply_pair(args, parser)
   sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             min_p=args.min_p)
-  if args.max_new_tokens <= 0:
-    raise ValueError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
+  check_positive_flags(args, "max_new_tokens")
   if args.prompt is not None and not args.prompt.strip():
     raise ValueError("empty prompt: --prompt is blank")
   # Every flag is checked before the (slow) model load, so a typo fails in milliseconds.
