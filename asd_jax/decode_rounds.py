@@ -16,6 +16,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from asd_jax import penalties as penalties_lib
 from asd_jax.decode_stats import DecodeStats
 from asd_jax.sampling import select_token
 from asd_jax.sampling_keys import split_keys
@@ -59,6 +60,8 @@ class RoundState:
   history_BxS: jax.Array  # token at each position (tree drafters re-read it); [B, 0] for chains
   # beside tokens_BxW, with logprobs=True
   logprobs: token_logprobs.TokenLogprobs | None = None
+  # what the penalties read (the committed output), when one is on
+  token_counts: penalties_lib.TokenCounts | None = None
 
 
 def commit_round(state: RoundState, draft_BxK, verdict, max_new_B, eos_ids,
@@ -96,6 +99,8 @@ def commit_round(state: RoundState, draft_BxK, verdict, max_new_B, eos_ids,
   num_generated_B, stopped_B = keep_until_stop(host, tokens_BxW, state.num_generated_B,
                                                state.num_generated_B + count_B)
   count_B = num_generated_B - state.num_generated_B
+  token_counts = penalties_lib.add_output(state.token_counts, block_BxK1,
+                                          j_K1[None] < count_B[:, None])
   history_pos_BxK1 = jnp.where(in_block_BxK1 & active_B[:, None],
                                state.committed_B[:, None] + j_K1[None],
                                state.history_BxS.shape[1])
@@ -129,17 +134,22 @@ def commit_round(state: RoundState, draft_BxK, verdict, max_new_B, eos_ids,
   return state.replace(tokens_BxW=tokens_BxW, num_generated_B=num_generated_B,
                        committed_B=committed_B, recent_Bx2=recent_Bx2, done_B=done_B,
                        nonfinite_B=nonfinite_B, stats=stats, history_BxS=history_BxS,
-                       logprobs=logprobs)
+                       logprobs=logprobs, token_counts=token_counts)
 
 
 def initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampling, eos_ids, *,
                   max_new_tokens, depth, target_cache, drafter_state, history_width,
                   host: HostCall = NO_HOST_CALL, logprobs: bool = False,
-                  top_logprobs: int = 0):
+                  top_logprobs: int = 0,
+                  penalties: penalties_lib.Penalties = penalties_lib.OFF):
   """Loop state after prefill: the first token (from the prefill logits) is committed."""
   b = prompt_BxT.shape[0]
   rng, sub = split_keys(rng, 2)
-  first_B = select_token(first_logits_BxV, sub, sampling)
+  token_counts = None
+  if penalties.on:
+    token_counts = penalties_lib.count_prompt(prompt_BxT, lengths_B, first_logits_BxV.shape[-1])
+  first_B = select_token(penalties_lib.penalize(first_logits_BxV, token_counts, penalties), sub,
+                         sampling)
   first_ok_B = jnp.isfinite(first_logits_BxV).all(axis=-1)
   last_prompt_B = jnp.take_along_axis(prompt_BxT, (lengths_B - 1)[:, None], axis=1)[:, 0]
   width = max_new_tokens + depth + 1
@@ -174,7 +184,8 @@ def initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampl
                         accepted_per_position_BxK=jnp.zeros((b, depth), jnp.int32),
                         asd_exceptions_B=zeros_B, asd_spent_B=jnp.zeros((b,), jnp.float32)),
       target_cache=target_cache, drafter_state=drafter_state, rng=rng,
-      history_BxS=history_BxS, logprobs=logprobs_buffer)
+      history_BxS=history_BxS, logprobs=logprobs_buffer,
+      token_counts=penalties_lib.add_output(token_counts, first_B[:, None], emit_B[:, None]))
 
 
 def finish(state: RoundState, max_new_tokens: int) -> SpecDecodeResult:

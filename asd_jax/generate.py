@@ -79,6 +79,16 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
   p.add_argument("--min-p", type=float, default=0.0,
                  help="0 = off; drop tokens less likely than MIN_P times the likeliest")
+  p.add_argument("--repetition-penalty", type=float, default=1.0,
+                 help="1.0 = off; > 1 makes tokens already in the prompt or answer less likely "
+                 "(a logit z > 0 is divided by it, one below 0 multiplied), in greedy decoding "
+                 "too; every --rule and --draft gives the output plain decoding gives with it")
+  p.add_argument("--presence-penalty", type=float, default=0.0,
+                 help="0 = off; in [-2, 2]: subtracted from the logit of each token already in "
+                 "the answer")
+  p.add_argument("--frequency-penalty", type=float, default=0.0,
+                 help="0 = off; in [-2, 2]: times the number of times a token is already in "
+                 "the answer, subtracted from its logit")
   p.add_argument("--seed", type=int, default=0,
                  help="sampling seed; with --prompts-file, prompt i (from 0) samples with seed "
                  "+ i, so each answer is the one it gets alone with that seed, in any batch")
@@ -210,7 +220,9 @@ def main(argv=None):
   args = parser.parse_args(attach_dash_values(argv, ("--prompt-ids",)))
   apply_pair(args, parser)
   sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                            min_p=args.min_p)
+                            min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+                            presence_penalty=args.presence_penalty,
+                            frequency_penalty=args.frequency_penalty)
   check_positive_flags(args, "max_new_tokens")
   if args.prompt is not None and not args.prompt.strip():
     raise ValueError("empty prompt: --prompt is blank")

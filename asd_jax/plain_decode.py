@@ -14,8 +14,9 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from asd_jax import output_buffer, request_checks
+from asd_jax import output_buffer, penalties as penalties_lib, request_checks
 from asd_jax.lm_api import LanguageModelFns, check_logits
+from asd_jax.penalties import Penalties, TokenCounts
 from asd_jax.sampling import SamplingConfig, select_token
 from asd_jax.spec_sampling import Filters
 from asd_jax.sampling_keys import row_keys, split_keys
@@ -69,12 +70,14 @@ class _LoopState:
   cache: object
   rng: jax.Array
   logprobs: token_logprobs.TokenLogprobs | None = None  # beside tokens_BxN, with logprobs=True
+  token_counts: TokenCounts | None = None  # what the penalties read, when one is on
 
 
-def _emit(state: _LoopState, logits_BxV, rng, max_new_B, eos_ids, sampling,
+def _emit(state: _LoopState, logits_BxV, rng, max_new_B, eos_ids, sampling, penalties,
           host: HostCall, top_logprobs: int) -> _LoopState:
   finite_B = jnp.isfinite(logits_BxV).all(axis=-1)
-  token_B = select_token(logits_BxV, rng, sampling)
+  token_B = select_token(penalties_lib.penalize(logits_BxV, state.token_counts, penalties), rng,
+                         sampling)
   write_B = ~state.done_B & finite_B
   rows = jnp.arange(token_B.shape[0])
   col_B = jnp.where(write_B, state.num_generated_B, state.tokens_BxN.shape[1])  # OOB = dropped
@@ -92,6 +95,8 @@ def _emit(state: _LoopState, logits_BxV, rng, max_new_B, eos_ids, sampling,
   emit(host, tokens_BxN, state.num_generated_B, num_generated_B)
   return state.replace(tokens_BxN=tokens_BxN, num_generated_B=num_generated_B, done_B=done_B,
                        nonfinite_B=nonfinite_B, logprobs=logprobs,
+                       token_counts=penalties_lib.add_output(state.token_counts,
+                                                             token_B[:, None], write_B[:, None]),
                        forwards_B=state.forwards_B + (~state.done_B).astype(jnp.int32))
 
 
@@ -100,7 +105,7 @@ def _emit(state: _LoopState, logits_BxV, rng, max_new_B, eos_ids, sampling,
                    compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
 def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_B, rng, *,
                   max_new_tokens: int, capacity: int, eos_ids: tuple[int, ...],
-                  sampling: Filters, host: HostCall, logprobs: bool,
+                  sampling: Filters, penalties: Penalties, host: HostCall, logprobs: bool,
                   top_logprobs: int) -> DecodeResult:
   b = prompt_BxT.shape[0]
   cache = fns.init_cache(b, capacity)
@@ -116,8 +121,11 @@ def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_
       forwards_B=jnp.zeros((b,), jnp.int32),
       cache=cache, rng=rng,
       logprobs=(token_logprobs.empty_buffer(b, max_new_tokens, top_logprobs) if logprobs
-                else None))
-  state = _emit(state, logits_BxV, sub, max_new_B, eos_ids, sampling, host, top_logprobs)
+                else None),
+      token_counts=(penalties_lib.count_prompt(prompt_BxT, lengths_B, fns.vocab_size)
+                    if penalties.on else None))
+  state = _emit(state, logits_BxV, sub, max_new_B, eos_ids, sampling, penalties, host,
+                top_logprobs)
 
   def cond(s: _LoopState):
     return (s.step < max_new_tokens - 1) & ~jnp.all(s.done_B)
@@ -132,7 +140,8 @@ def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_
     check_logits(fns, logits_Bx1xV, (b, 1, fns.vocab_size), "forward")
     rng, sub = split_keys(s.rng, 2)
     s = s.replace(step=s.step + 1, cache=cache, rng=rng)
-    return _emit(s, logits_Bx1xV[:, 0], sub, max_new_B, eos_ids, sampling, host, top_logprobs)
+    return _emit(s, logits_Bx1xV[:, 0], sub, max_new_B, eos_ids, sampling, penalties, host,
+                 top_logprobs)
 
   state = jax.lax.while_loop(cond, body, state)
   result = DecodeResult(tokens_BxN=state.tokens_BxN, num_generated_B=state.num_generated_B,
@@ -161,7 +170,7 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
       it per row. Requests whose max_new_tokens round up to the same multiple of 64 share one
       compiled program (asd_jax/output_buffer.py).
     eos_ids: a row stops after emitting any of these (it is included in the output).
-    sampling: greedy by default.
+    sampling: greedy by default; its penalties (asd_jax/penalties.py) apply too.
     seed: an int, or int[B] one per request; each row samples from its own key
       (asd_jax.sampling_keys.row_keys), so a row's output does not depend on its batch.
     capacity: KV-cache slots per row (static); default: prompt width + max_new_tokens rounded
@@ -191,5 +200,6 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
                            jnp.asarray(max_new_B), row_keys(seed, prompt.shape[0]),
                            max_new_tokens=output_buffer.buffer_width(max_new_tokens),
                            capacity=capacity, eos_ids=eos_ids, sampling=sampling.filters(),
+                           penalties=sampling.penalties(),
                            host=host, logprobs=logprobs, top_logprobs=top_logprobs)
     return output_buffer.trim(finish_host_calls(host, result), max_new_tokens)

@@ -1,4 +1,5 @@
-"""Token selection for plain decoding: greedy, temperature, min-p, top-k and top-p (nucleus).
+"""Token selection for plain decoding: greedy, temperature, min-p, top-k and top-p (nucleus);
+the request's settings (SamplingConfig), repetition/presence/frequency penalties included.
 
 Shape notation: B rows, V vocab.
 """
@@ -11,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from asd_jax.greedy_verify import first_argmax
+from asd_jax.penalties import Penalties, check_penalties
 from asd_jax.sampling_keys import categorical_rows
 from asd_jax.spec_sampling import Filters, filtered_probs, check_filters
 
@@ -24,14 +26,25 @@ class SamplingConfig:
   temperatures, min-p, top-k or top-p reuse one compiled program. The filters apply in that
   order (`apply_sampling_filters`). A filter with temperature 0 is refused: greedy decoding
   takes the argmax, so it would do nothing.
+
+  repetition_penalty, presence_penalty and frequency_penalty (asd_jax/penalties.py) apply
+  before all of it, in greedy decoding too; traced like the filters.
   """
 
   temperature: float = 0.0
   top_k: int = 0  # 0 = off
   top_p: float = 1.0  # 1.0 = off
   min_p: float = 0.0  # 0.0 = off; keeps the tokens with p >= min_p * the top token's p
+  repetition_penalty: float = 1.0  # 1.0 = off; > 1 discourages tokens of the prompt and output
+  presence_penalty: float = 0.0  # 0.0 = off; in [-2, 2], subtracted once a token is output
+  frequency_penalty: float = 0.0  # 0.0 = off; in [-2, 2], times the token's output count
 
   def __post_init__(self):
+    penalties = check_penalties(self.repetition_penalty, self.presence_penalty,
+                                self.frequency_penalty)
+    for name, value in zip(("repetition_penalty", "presence_penalty", "frequency_penalty"),
+                           penalties):
+      object.__setattr__(self, name, value)
     # The one check shared with the sampling rules: non-numbers, NaN and out-of-range values
     # are refused with a message naming the field.
     values = check_filters(self.temperature, self.top_k, self.top_p, self.min_p)
@@ -54,6 +67,10 @@ class SamplingConfig:
   def filters(self) -> Filters:
     """The traced form the engines, drafters and rules compute with."""
     return Filters.of(self.temperature, self.top_k, self.top_p, self.min_p)
+
+  def penalties(self) -> Penalties:
+    """The traced form of the penalties the engines apply to the target's logits."""
+    return Penalties.of(self.repetition_penalty, self.presence_penalty, self.frequency_penalty)
 
 
 def probabilities(logits_BxV: jax.Array, cfg: SamplingConfig | Filters) -> jax.Array:

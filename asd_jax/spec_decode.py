@@ -20,7 +20,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from asd_jax import output_buffer, request_checks
+from asd_jax import output_buffer, penalties as penalties_lib, request_checks
 from asd_jax import verify_checks as checks
 from asd_jax.asd_config import PAPER, ASDConfig
 from asd_jax.asd_verify import asd_verify_traced, config_scalars
@@ -29,6 +29,7 @@ from asd_jax.decode_rounds import (RoundState, SpecDecodeResult, commit_round, f
 from asd_jax.drafter_api import ChainDrafter, check_proposal
 from asd_jax.greedy_verify import greedy_verify
 from asd_jax.lm_api import LanguageModelFns, check_logits
+from asd_jax.penalties import Penalties
 from asd_jax.plain_decode import DECODE_LOOP_COMPILER_OPTIONS
 from asd_jax.sampling import SamplingConfig, select_token
 from asd_jax.sampling_keys import row_keys, split_keys
@@ -74,8 +75,8 @@ def _verify(rule, draft_BxK, draft_logits, target_logits_BxK1xV, spent_B, asd_sc
     "logprobs", "top_logprobs"), compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
 def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, drafter_params,
                 prompt_BxT, lengths_B, max_new_B, asd_scalars, rng, *, rule: str,
-                sampling: Filters, normalize_q: bool, max_new_tokens: int, capacity: int,
-                eos_ids: tuple[int, ...], host: HostCall,
+                sampling: Filters, penalties: Penalties, normalize_q: bool,
+                max_new_tokens: int, capacity: int, eos_ids: tuple[int, ...], host: HostCall,
                 logprobs: bool, top_logprobs: int) -> SpecDecodeResult:
   b = prompt_BxT.shape[0]
   k = drafter.num_draft
@@ -88,7 +89,7 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
                         eos_ids, max_new_tokens=max_new_tokens, depth=k,
                         target_cache=target_cache, drafter_state=drafter_state,
                         history_width=0, host=host, logprobs=logprobs,
-                        top_logprobs=top_logprobs)
+                        top_logprobs=top_logprobs, penalties=penalties)
 
   def cond(s: RoundState):
     # Every active row commits >= 1 token per round, so max_new_tokens rounds always suffice.
@@ -102,8 +103,11 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
     target_logits, _, target_cache = target.forward(target_params, block_BxW1, positions_BxW1,
                                                     s.target_cache)
     check_logits(target, target_logits, (b, width + 1, target.vocab_size), "forward")
+    # Row j judges draft j in the context it has once accepted: the output plus draft[:j].
+    verify_logits = penalties_lib.penalize(target_logits, s.token_counts, penalties,
+                                           penalties_lib.chain_context(draft_BxW))
     verdict = _verify(rule, draft_BxW, None if draft_logits is None else draft_logits[:, :width],
-                      target_logits, s.stats.asd_spent_B, asd_scalars, k_verify, sampling,
+                      verify_logits, s.stats.asd_spent_B, asd_scalars, k_verify, sampling,
                       normalize_q, draft_lengths_B=lengths_B, noise_slots=k)
     verdict = _as_verdict(verdict)
     lp_BxK1 = None
@@ -120,7 +124,7 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
     logits_Bx1xV, _, target_cache = target.forward(
         target_params, s.recent_Bx2[:, 1:], s.committed_B[:, None] - 1, s.target_cache)
     check_logits(target, logits_Bx1xV, (b, 1, target.vocab_size), "forward")
-    logits_BxV = logits_Bx1xV[:, 0]
+    logits_BxV = penalties_lib.penalize(logits_Bx1xV[:, 0], s.token_counts, penalties)
     if rule == "sample":  # the token a wider round would sample for an empty draft
       next_B = sample_without_draft(logits_BxV, k_verify, k, sampling)
     else:
@@ -128,7 +132,7 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
     zeros_B = jnp.zeros((b,), jnp.int32)
     verdict = VerifyOutput(num_accepted=zeros_B, next_token=next_B,
                            spent=s.stats.asd_spent_B, num_exceptions=zeros_B,
-                           nonfinite=~jnp.isfinite(logits_BxV).all(axis=-1))
+                           nonfinite=~jnp.isfinite(logits_Bx1xV[:, 0]).all(axis=-1))
     lp_BxK1 = None
     if logprobs:
       lp_BxK1 = token_logprobs.pad_positions(token_logprobs.token_logprobs(
@@ -197,7 +201,9 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
       near-ties: a K+1-token block rounds otherwise than one-token steps), "asd" (ASD with
       `asd_config`; the ledger persists across rounds for the whole request) or "sample"
       (lossless speculative sampling with `sampling`; output distributed as plain sampling;
-      at temperature 0 that is greedy decoding, and it runs as "strict").
+      at temperature 0 that is greedy decoding, and it runs as "strict"). `sampling`'s
+      penalties apply under every rule (asd_jax/penalties.py): strict still equals plain
+      greedy decoding with the same penalties.
     eos_ids: a row stops after emitting any of these (kept in the output).
     seed: an int, or int[B] one per request (asd_jax.sampling_keys.row_keys). Each row draws
       from its own key, so with per-request seeds a sampled row equals the same request run
@@ -248,7 +254,8 @@ def run_loop(loop, target: LanguageModelFns, target_params, drafter, drafter_par
   stops = row_stops(stop, req.arrays[0].shape[0])
   with host_calls(stream=stream, stop=stops) as host:
     result = loop(target, target_params, drafter, drafter_params, *req.arrays, rule=req.rule,
-                  sampling=sampling.filters(), normalize_q=normalize_q,
+                  sampling=sampling.filters(), penalties=sampling.penalties(),
+                  normalize_q=normalize_q,
                   max_new_tokens=output_buffer.buffer_width(req.max_new_tokens),
                   capacity=req.capacity, eos_ids=req.eos_ids, host=host, logprobs=logprobs,
                   top_logprobs=top_logprobs)

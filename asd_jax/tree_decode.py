@@ -21,7 +21,9 @@ from asd_jax.asd_config import PAPER, ASDConfig
 from asd_jax.decode_rounds import (RoundState, SpecDecodeResult, commit_round, finish,
                                    initial_state)
 from asd_jax.draft_tree import TreeDrafter
+from asd_jax import penalties as penalties_lib
 from asd_jax.lm_api import LanguageModelFns, check_logits
+from asd_jax.penalties import Penalties
 from asd_jax.plain_decode import DECODE_LOOP_COMPILER_OPTIONS
 from asd_jax.request_checks import check_type
 from asd_jax.sampling import SamplingConfig
@@ -85,8 +87,8 @@ def _verify_tree(rule, tokens, parents, draft_logits, target_logits, spent_B, as
     "logprobs", "top_logprobs"), compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
 def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, drafter_params,
                  prompt_BxT, lengths_B, max_new_B, asd_scalars, rng, *, rule: str,
-                 sampling: Filters, normalize_q: bool, max_new_tokens: int, capacity: int,
-                 eos_ids: tuple[int, ...], host: HostCall,
+                 sampling: Filters, penalties: Penalties, normalize_q: bool,
+                 max_new_tokens: int, capacity: int, eos_ids: tuple[int, ...], host: HostCall,
                  logprobs: bool, top_logprobs: int) -> SpecDecodeResult:
   b = prompt_BxT.shape[0]
   # A path of N nodes is at most N deep (the verifiers refuse a larger max_depth): a greedy tree
@@ -111,7 +113,7 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
                         eos_ids, max_new_tokens=max_new_tokens, depth=depth,
                         target_cache=target_cache, drafter_state=drafter_state,
                         history_width=capacity, host=host, logprobs=logprobs,
-                        top_logprobs=top_logprobs)
+                        top_logprobs=top_logprobs, penalties=penalties)
 
   def cond(s: RoundState):
     return ~jnp.all(s.done_B) & (s.round < max_new_tokens)
@@ -137,7 +139,12 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
     target_logits, hidden, target_cache = target.tree_forward(
         target_params, block_BxT, positions_BxT, slots_BxT, visible_BxTxS, s.target_cache)
     check_logits(target, target_logits, block_BxT.shape + (target.vocab_size,), "tree_forward")
-    verdict = _verify_tree(rule, tokens_BxN, parents_BxN, draft_logits, target_logits,
+    verify_logits = target_logits
+    if penalties.on:  # row n+1 judges node n's children in the context of node n's path
+      paths_BxNxD = jax.vmap(lambda p: tree_paths(p, depth)[0])(parents_BxN)
+      verify_logits = penalties_lib.penalize(target_logits, s.token_counts, penalties,
+                                             penalties_lib.tree_context(tokens_BxN, paths_BxNxD))
+    verdict = _verify_tree(rule, tokens_BxN, parents_BxN, draft_logits, verify_logits,
                            s.stats.asd_spent_B, asd_scalars, k_verify, sampling, normalize_q,
                            depth)
     # Compact: node path[i] (slot n + path[i]) moves to slot n + i for i < accepted.

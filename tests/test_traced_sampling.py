@@ -1,6 +1,7 @@
-"""Sampling settings are traced in the decode loops: a request at another temperature, top-k or
-top-p reuses the compiled program (a server would otherwise compile the whole loop, model
-included, for every new setting); only which filters are on changes the program."""
+"""Sampling settings are traced in the decode loops: a request at another temperature, top-k,
+top-p, min-p or penalty reuses the compiled program (a server would otherwise compile the whole
+loop, model included, for every new setting); only which filters are on, and whether any
+penalty is, changes the program."""
 
 import jax
 import numpy as np
@@ -64,3 +65,25 @@ def test_other_sampling_values_reuse_the_compiled_loop(engine):
   before = _COMPILATIONS.count
   decode(SamplingConfig(0.7, top_k=5))
   assert _COMPILATIONS.count > before
+
+
+@pytest.mark.parametrize("engine", sorted(_ENGINES))
+def test_other_penalty_values_reuse_the_compiled_loop(engine):
+  decode = _ENGINES[engine]
+
+  def run(repetition, presence, frequency):
+    return np.asarray(decode(SamplingConfig(0.7, repetition_penalty=repetition,
+                                            presence_penalty=presence,
+                                            frequency_penalty=frequency)).tokens_BxN)
+
+  first = run(1.2, 0.5, 0.1)
+  before = _COMPILATIONS.count
+  others = [run(*values) for values in ((0.5, -2.0, 0.0), (1.0, 0.0, 2.0), (3.0, 1.5, -1.0))]
+  again = run(1.2, 0.5, 0.1)
+  assert _COMPILATIONS.count == before
+  np.testing.assert_array_equal(again, first)
+  assert any(not np.array_equal(o, first) for o in others)
+  # (1, 0, 0) inside the penalized program samples as the program without penalties.
+  off = np.asarray(decode(SamplingConfig(0.7)).tokens_BxN)
+  assert _COMPILATIONS.count > before  # the control: penalties off is its own program
+  np.testing.assert_array_equal(run(1.0, 0.0, 1e-30), off)

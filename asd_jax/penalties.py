@@ -1,0 +1,146 @@
+"""Repetition, presence and frequency penalties (vLLM's and OpenAI's request fields).
+
+For each token, with count = how many times it is in the output so far:
+  repetition_penalty r (CTRL, Keskar et al. 2019; transformers; vLLM): a token in the prompt or
+    the output has its logit z divided by r where z > 0 and multiplied by r otherwise, so
+    r > 1 makes every seen token less likely and r < 1 more likely;
+  frequency_penalty f: z -= f * count;
+  presence_penalty p: z -= p where count > 0.
+In that order, on the target's raw logits, before temperature and the sampling filters. Unlike
+the filters they change what greedy decoding picks, so they apply at temperature 0 too.
+
+Every engine applies them where the target's logits choose or verify a token: plain decoding
+with the output so far; a speculative round's row for draft position j with the committed
+output plus the drafted tokens before j (a chain) or the node's ancestors (a tree) -- the
+context that position has if the draft is accepted. So strict verification still gives plain
+greedy decoding's output under the same penalties, and speculative sampling stays lossless.
+Drafters propose without them (their proposals are only ever verified), and log-probabilities
+stay the model's raw ones, as vLLM reports by default.
+
+Shapes: B rows, R logits rows per row (1, K+1 or N+1), J context tokens per logits row, V vocab.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+PRESENCE_FREQUENCY_RANGE = 2.0  # vLLM and OpenAI accept [-2, 2]
+
+
+def check_penalties(repetition, presence, frequency) -> tuple[float, float, float]:
+  """Validates penalty settings; returns them as floats. Raises ValueError."""
+  if isinstance(repetition, bool) or not isinstance(repetition, numbers.Real) or not (
+      math.isfinite(repetition) and repetition > 0):
+    raise ValueError(f"repetition_penalty must be a finite number > 0 (1 = off), "
+                     f"got {repetition!r}")
+  for name, value in (("presence_penalty", presence), ("frequency_penalty", frequency)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
+        -PRESENCE_FREQUENCY_RANGE <= value <= PRESENCE_FREQUENCY_RANGE):
+      raise ValueError(f"{name} must be a number in [-2, 2] (0 = off), got {value!r}")
+  return float(repetition), float(presence), float(frequency)
+
+
+@flax.struct.dataclass
+class Penalties:
+  """Penalty settings as the engines compute with them: the values are traced (new values
+  reuse the compiled program); whether any is on is static (off, the engines carry no token
+  counts and compute nothing). Build one with `Penalties.of` (checked) or
+  SamplingConfig.penalties()."""
+
+  repetition: Any  # float32 scalar
+  presence: Any  # float32 scalar
+  frequency: Any  # float32 scalar
+  on: bool = flax.struct.field(pytree_node=False, default=False)
+
+  @classmethod
+  def of(cls, repetition=1.0, presence=0.0, frequency=0.0) -> "Penalties":
+    repetition, presence, frequency = check_penalties(repetition, presence, frequency)
+    return cls(np.float32(repetition), np.float32(presence), np.float32(frequency),
+               on=(repetition, presence, frequency) != (1.0, 0.0, 0.0))
+
+
+OFF = Penalties.of()
+
+
+@flax.struct.dataclass
+class TokenCounts:
+  """What the penalties read, per row: output_BxV, how many times each token is in the output;
+  in_prompt_BxV, whether it is in the prompt."""
+
+  output_BxV: jax.Array
+  in_prompt_BxV: jax.Array
+
+
+def count_prompt(prompt_BxT, lengths_B, vocab: int) -> TokenCounts:
+  """Counts for a request before its first token: the prompt's tokens (padding excluded)."""
+  b, t = prompt_BxT.shape
+  real_BxT = jnp.arange(t)[None] < lengths_B[:, None]
+  ids_BxT = jnp.where(real_BxT, prompt_BxT, vocab)  # vocab = out of bounds: dropped
+  in_prompt_BxV = jnp.zeros((b, vocab), bool).at[jnp.arange(b)[:, None], ids_BxT].set(
+      True, mode="drop")
+  return TokenCounts(output_BxV=jnp.zeros((b, vocab), jnp.int32), in_prompt_BxV=in_prompt_BxV)
+
+
+def add_output(counts: TokenCounts | None, tokens_BxJ, keep_BxJ) -> TokenCounts | None:
+  """Counts after appending tokens_BxJ[keep_BxJ] to each row's output (None stays None)."""
+  if counts is None:
+    return None
+  b, vocab = counts.output_BxV.shape
+  ids_BxJ = jnp.where(keep_BxJ, tokens_BxJ, vocab)
+  output_BxV = counts.output_BxV.at[jnp.arange(b)[:, None], ids_BxJ].add(1, mode="drop")
+  return counts.replace(output_BxV=output_BxV)
+
+
+def chain_context(draft_BxK):
+  """int32[B, K+1, K]: logits row j's drafted context, draft[:j] (-1 = no token)."""
+  k = draft_BxK.shape[1]
+  before_K1xK = jnp.arange(k)[None] < jnp.arange(k + 1)[:, None]
+  return jnp.where(before_K1xK[None], draft_BxK[:, None, :], -1)
+
+
+def tree_context(tokens_BxN, paths_BxNxD):
+  """int32[B, N+1, D]: logits row 0 (the root's) has no drafted context, row n+1 node n's
+  path from the root, node n included (paths as tree_verify.tree_paths gives, -1 padded)."""
+  b, _, d = paths_BxNxD.shape
+  on_path = paths_BxNxD >= 0
+  path_tokens_BxNxD = jnp.where(on_path, jnp.take_along_axis(
+      tokens_BxN[:, :, None], jnp.maximum(paths_BxNxD, 0), axis=1), -1)
+  return jnp.concatenate([jnp.full((b, 1, d), -1, jnp.int32), path_tokens_BxNxD], axis=1)
+
+
+def penalize(logits, counts: TokenCounts | None, penalties: Penalties, context_BxRxJ=None):
+  """float32 logits [B, V] or [B, R, V] after the penalties (the input unchanged when they are
+  off). Row r of [B, R, V] also counts context_BxRxJ[:, r]'s tokens (-1 = none) as output.
+
+  Non-finite logits pass through unchanged, so the engines' NaN/inf checks still see them; a
+  finite logit a penalty would push past float32's range saturates at its largest value
+  instead (r = 1e-38 would make a logit of 4 infinite, and softmax NaN).
+  """
+  if not penalties.on:
+    return logits
+  z = logits.astype(jnp.float32)
+  rows = z.ndim == 3
+  z_BxRxV = z if rows else z[:, None]
+  b, r, vocab = z_BxRxV.shape
+  output_BxRxV = jnp.broadcast_to(counts.output_BxV[:, None], (b, r, vocab))
+  if context_BxRxJ is not None:
+    ids_BxRxJ = jnp.where(context_BxRxJ >= 0, context_BxRxJ, vocab)
+    output_BxRxV = output_BxRxV.at[jnp.arange(b)[:, None, None], jnp.arange(r)[None, :, None],
+                                   ids_BxRxJ].add(1, mode="drop")
+  in_output = output_BxRxV > 0
+  seen = in_output | counts.in_prompt_BxV[:, None]
+  repetition = jnp.asarray(penalties.repetition, jnp.float32)
+  out = jnp.where(seen, jnp.where(z_BxRxV > 0, z_BxRxV / repetition, z_BxRxV * repetition),
+                  z_BxRxV)
+  out = (out - jnp.asarray(penalties.frequency, jnp.float32) * output_BxRxV
+         - jnp.asarray(penalties.presence, jnp.float32) * in_output)
+  out = jnp.where(jnp.isfinite(z_BxRxV), jnp.clip(out, -_FLOAT32_MAX, _FLOAT32_MAX), z_BxRxV)
+  return out if rows else out[:, 0]
