@@ -12,26 +12,28 @@ from asd_jax.tree_decode import _tree_decode
 
 
 def chain_engine_loops(fns, params, drafter, draft_params, platform: str) -> int:
-  """stablehlo.while ops in the chain engine's program (strict, one 3-token prompt)."""
+  """stablehlo.while ops in the chain engine's program (strict with a repetition penalty, one
+  3-token prompt)."""
   return _engine_loops(_asd_decode, fns, params, drafter, draft_params, platform,
                        lookahead=drafter.num_draft)
 
 
 def tree_engine_loops(fns, params, drafter, draft_params, platform: str) -> int:
-  """stablehlo.while ops in the tree engine's program (strict, one 3-token prompt)."""
+  """stablehlo.while ops in the tree engine's program (strict with a repetition penalty, one
+  3-token prompt)."""
   return _engine_loops(_tree_decode, fns, params, drafter, draft_params, platform,
                        lookahead=drafter.shape.num_nodes + 1)
 
 
 def _engine_loops(loop, fns, params, drafter, draft_params, platform, *, lookahead) -> int:
-  sampling = SamplingConfig()
+  sampling = SamplingConfig(repetition_penalty=1.1)  # the penalties' code included
   req = prepare_request(fns, drafter.vocab_size, np.array([[0, 1, 2]], np.int32),
                         np.array([3], np.int32), rule="strict", asd_config=PAPER,
                         sampling=sampling, eos_ids=(), max_new_tokens=12, max_new_B=None,
                         capacity=None, lookahead=lookahead, what="lowering")
   lowered = loop.trace(
       fns, params, drafter, draft_params, *req.arrays, rule=req.rule,
-      sampling=sampling.filters(), normalize_q=False, max_new_tokens=req.max_new_tokens,
+      sampling=sampling.filters(), penalties=sampling.penalties(), normalize_q=False, max_new_tokens=req.max_new_tokens,
       capacity=req.capacity, eos_ids=req.eos_ids, host=NO_HOST_CALL, logprobs=False,
       top_logprobs=0).lower(lowering_platforms=(platform,))
   return lowered.as_text().count("stablehlo.while")
