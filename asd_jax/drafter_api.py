@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from asd_jax.lm_api import LanguageModelFns
 from asd_jax.request_checks import check_positive_int
 from asd_jax.sampling import select_token
+from asd_jax.penalties import DraftPenalty
 from asd_jax.spec_sampling import Filters
 from asd_jax.sampling_keys import split_keys
 
@@ -58,6 +59,10 @@ class ChainDrafter:
   max_positions: the positions the drafter was trained for (None: no limit, e.g. no
       position encoding). A request reaching past them is decoded, with a warning: the drafts
       there degrade, which costs speed, never a wrong token.
+  takes_penalty: propose also takes `penalty=` (a penalties.DraftPenalty, when the request has
+      a repetition/presence/frequency penalty on) and drafts under it: what the penalized
+      target picks. Its draft_logits are then the penalized ones it sampled from. Drafters
+      without it draft as usual (verification applies the penalties either way).
   """
 
   prefill: Callable[..., Any]
@@ -69,6 +74,7 @@ class ChainDrafter:
   verify_widths: tuple[int, ...] = ()
   param_shapes: tuple | None = None
   max_positions: int | None = None
+  takes_penalty: bool = False
 
   def __post_init__(self):
     # 4.0 is taken as 4; 2.5, True, NaN or a string are refused before anything is traced.
@@ -132,23 +138,30 @@ def _lm_chain_drafter(fns: LanguageModelFns, num_draft: int) -> ChainDrafter:
     _, _, cache = fns.prefill(params, prompt_BxT, lengths_B, cache)
     return cache
 
-  def propose(params, cache, recent_Bx2, positions_Bx2, rng, sampling: Filters):
+  def propose(params, cache, recent_Bx2, positions_Bx2, rng, sampling: Filters,
+              penalty: DraftPenalty | None = None):
     logits_Bx2xV, _, cache = fns.forward(params, recent_Bx2, positions_Bx2, cache)
     keys = split_keys(rng, num_draft)
     first_logits_BxV = logits_Bx2xV[:, 1]
+    if penalty is not None:
+      first_logits_BxV = penalty.apply(first_logits_BxV)
     first_B = select_token(first_logits_BxV, keys[0], sampling)
 
     def step(carry, key):
-      token_B, position_B, cache = carry
+      token_B, position_B, cache, penalty = carry
       logits_Bx1xV, _, cache = fns.forward(params, token_B[:, None], position_B[:, None], cache)
-      nxt_B = select_token(logits_Bx1xV[:, 0], key, sampling)
-      out = (nxt_B, None if sampling.greedy else logits_Bx1xV[:, 0])
-      return (nxt_B, position_B + 1, cache), out
+      logits_BxV = logits_Bx1xV[:, 0]
+      if penalty is not None:  # the draft so far counts as output
+        penalty = penalty.after(token_B)
+        logits_BxV = penalty.apply(logits_BxV)
+      nxt_B = select_token(logits_BxV, key, sampling)
+      out = (nxt_B, None if sampling.greedy else logits_BxV)
+      return (nxt_B, position_B + 1, cache, penalty), out
 
     # Unrolled: a while loop inside a round costs kernel launches and a read of its condition
     # per step on a GPU, for K - 1 steps that are known when tracing.
-    (_, _, cache), (rest_KxB, rest_logits) = jax.lax.scan(
-        step, (first_B, positions_Bx2[:, 1] + 1, cache), keys[1:], unroll=True)
+    (_, _, cache, _), (rest_KxB, rest_logits) = jax.lax.scan(
+        step, (first_B, positions_Bx2[:, 1] + 1, cache, penalty), keys[1:], unroll=True)
     draft_BxK = jnp.concatenate([first_B[:, None], rest_KxB.T], axis=1)
     draft_logits = None
     if not sampling.greedy:
@@ -158,4 +171,4 @@ def _lm_chain_drafter(fns: LanguageModelFns, num_draft: int) -> ChainDrafter:
 
   return ChainDrafter(prefill=prefill, propose=propose, num_draft=num_draft,
                       vocab_size=fns.vocab_size, name=fns.name, param_shapes=fns.param_shapes,
-                      max_positions=fns.max_positions)
+                      max_positions=fns.max_positions, takes_penalty=True)

@@ -99,6 +99,25 @@ def add_output(counts: TokenCounts | None, tokens_BxJ, keep_BxJ) -> TokenCounts 
   return counts.replace(output_BxV=output_BxV)
 
 
+@flax.struct.dataclass
+class DraftPenalty:
+  """What a drafter that drafts under the penalties reads (ChainDrafter.takes_penalty): the
+  committed output's counts and the request's settings. Drafting under them proposes what the
+  penalized target would pick, which keeps the acceptance a penalty would otherwise cost."""
+
+  counts: TokenCounts
+  penalties: Penalties
+
+  def apply(self, logits_BxV):
+    """The penalized logits the next draft token is chosen from."""
+    return penalize(logits_BxV, self.counts, self.penalties)
+
+  def after(self, token_B) -> "DraftPenalty":
+    """The same, with token_B drafted (counted as output for the draft tokens after it)."""
+    return self.replace(counts=add_output(self.counts, token_B[:, None],
+                                          jnp.ones(token_B.shape + (1,), bool)))
+
+
 def chain_context(draft_BxK):
   """int32[B, K+1, K]: logits row j's drafted context, draft[:j] (-1 = no token)."""
   k = draft_BxK.shape[1]

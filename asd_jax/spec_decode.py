@@ -142,8 +142,12 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
   def body(s: RoundState):
     rng, k_draft, k_verify = split_keys(s.rng, 3)
     positions_Bx2 = s.committed_B[:, None] + jnp.array([-2, -1])
+    draft_penalty = {}
+    if drafter.takes_penalty and penalties.on:
+      draft_penalty["penalty"] = penalties_lib.DraftPenalty(s.token_counts, penalties)
     draft_BxK, draft_logits, drafter_state = drafter.propose(
-        drafter_params, s.drafter_state, s.recent_Bx2, positions_Bx2, k_draft, sampling)
+        drafter_params, s.drafter_state, s.recent_Bx2, positions_Bx2, k_draft, sampling,
+        **draft_penalty)
     check_proposal(drafter, draft_BxK, draft_logits, b, sampled=rule == "sample")
     if drafter.draft_length is None:
       target_cache, verdict, lp_BxK1 = verify_round(k, s, draft_BxK, draft_logits, k_verify,
