@@ -14,8 +14,9 @@ with the output so far; a speculative round's row for draft position j with the 
 output plus the drafted tokens before j (a chain) or the node's ancestors (a tree) -- the
 context that position has if the draft is accepted. So strict verification still gives plain
 greedy decoding's output under the same penalties, and speculative sampling stays lossless.
-Drafters propose without them (their proposals are only ever verified), and log-probabilities
-stay the model's raw ones, as vLLM reports by default.
+Language-model chain drafters draft under them too (`DraftPenalty`); the others propose as they
+would without them, which costs acceptance only, since every proposal is verified.
+Log-probabilities stay the model's raw ones, as vLLM reports by default.
 
 Shapes: B rows, R logits rows per row (1, K+1 or N+1), J context tokens per logits row, V vocab.
 """
@@ -102,8 +103,9 @@ def add_output(counts: TokenCounts | None, tokens_BxJ, keep_BxJ) -> TokenCounts 
 @flax.struct.dataclass
 class DraftPenalty:
   """What a drafter that drafts under the penalties reads (ChainDrafter.takes_penalty): the
-  committed output's counts and the request's settings. Drafting under them proposes what the
-  penalized target would pick, which keeps the acceptance a penalty would otherwise cost."""
+  committed output's counts and the request's settings. A drafter that picks what the target
+  picks then still does under a penalty (the target drafting for itself accepts every draft,
+  tests/test_penalties.py); a distilled one gained little (scripts/penalty_tau.py)."""
 
   counts: TokenCounts
   penalties: Penalties

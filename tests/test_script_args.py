@@ -1,6 +1,7 @@
 """The research scripts refuse bad flags with an `error:` line and exit code 2 before they load
 the target or decode anything: scripts/build_ngram_store.py, distill_standalone_drafter.py,
-drafter_tau.py, simulate_ngram_widths.py and strict_vs_plain_dtypes.py (one line), and the
+drafter_tau.py, simulate_ngram_widths.py, strict_vs_plain_dtypes.py and penalty_tau.py (one
+line), and the
 argparse-style profile_round.py, time_decode_loop.py, bench_few_rows_matmul.py,
 ngram_store_scaling.py and vsd_report.py (usage, then the error). Their results come after
 minutes of decoding or training, so a typo must not cost them."""
@@ -10,8 +11,9 @@ import json
 import pytest
 
 from scripts import (bench_few_rows_matmul, build_ngram_store, distill_standalone_drafter,
-                     drafter_tau, ngram_store_scaling, profile_round, simulate_ngram_widths,
-                     strict_vs_plain_dtypes, time_decode_loop, vsd_report)
+                     drafter_tau, ngram_store_scaling, penalty_tau, profile_round,
+                     simulate_ngram_widths, strict_vs_plain_dtypes, time_decode_loop,
+                     vsd_report)
 
 COST = json.dumps({w: 1.0 + 0.1 * w for w in range(8)})
 
@@ -139,6 +141,22 @@ DTYPES = [
 @pytest.mark.parametrize("argv, message", DTYPES, ids=[" ".join(a) for a, _ in DTYPES])
 def test_strict_vs_plain_dtypes(argv, message, paths, capsys):
   assert_one_line_error(*run(strict_vs_plain_dtypes.main, argv, paths, capsys), message)
+
+
+PENALTY_TAU = [
+    (["--k", "0"], "--k must be positive, got 0"),
+    (["--num-prompts", "0"], "--num-prompts must be positive, got 0"),
+    (["--repetition-penalties", "1.0,0"], "--repetition-penalties: '0': repetition_penalty must"),
+    (["--repetition-penalties", "1.2,x"], "--repetition-penalties: 'x': "),
+    (["--repetition-penalties", "1.0,,1.2"], "has an empty entry"),
+    (["--suite", "foo"], "unknown suite 'foo'"),
+    (["--json", "{a_folder}"], "is a folder, not a file"),
+]
+
+
+@pytest.mark.parametrize("argv, message", PENALTY_TAU, ids=[" ".join(a) for a, _ in PENALTY_TAU])
+def test_penalty_tau(argv, message, paths, capsys):
+  assert_one_line_error(*run(penalty_tau.main, argv, paths, capsys), message)
 
 
 DISTILL = [
