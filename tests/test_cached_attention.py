@@ -80,15 +80,17 @@ _CAPACITY = 64
 _SHAPES = ["1,2,16,64", "1,2,64,16"]  # keys [B, K, H, S], values [B, K, S, H]
 
 
-@pytest.mark.parametrize("host_hook", [None, "stream", "stop", "logprobs"])
+@pytest.mark.parametrize("host_hook", [None, "stream", "stop", "logprobs", "penalties"])
 def test_plain_decoding_updates_the_cache_in_place(host_hook, shipped_build):
-  # A host callback in the loop (streaming, stop strings) or the logprob buffer must not cost
-  # a cache copy either. Lowering only: the call id is never looked up.
+  # A host callback in the loop (streaming, stop strings), the logprob buffer or the penalties'
+  # token counts must not cost a cache copy either. Lowering only: the call id is never looked
+  # up.
   host = HostCall(np.int32(1), stream=host_hook == "stream", stop=host_hook == "stop")
+  sampling = SamplingConfig(repetition_penalty=1.2 if host_hook == "penalties" else 1.0)
   text = _plain_decode.lower(
       _FNS, _PARAMS, jnp.ones((1, 8), jnp.int32), jnp.array([8]), jnp.array([32]), row_keys(0, 1),
-      max_new_tokens=32, capacity=_CAPACITY, eos_ids=(), sampling=SamplingConfig().filters(),
-      host=host, logprobs=host_hook == "logprobs",
+      max_new_tokens=32, capacity=_CAPACITY, eos_ids=(), sampling=sampling.filters(),
+      penalties=sampling.penalties(), host=host, logprobs=host_hook == "logprobs",
       top_logprobs=3 if host_hook == "logprobs" else 0).compile(shipped_build).as_text()
   assert _cache_copies_outside_entry(text, _SHAPES) == 0
 
@@ -101,7 +103,8 @@ def test_chain_speculative_decoding_updates_the_target_cache_in_place(shipped_bu
                         sampling=SamplingConfig(), eos_ids=(), max_new_tokens=32, max_new_B=None,
                         capacity=_CAPACITY, lookahead=4, what="K=4")
   text = _asd_decode.lower(_FNS, _PARAMS, drafter, drafter_params, *req.arrays, rule="strict",
-                           sampling=SamplingConfig().filters(), normalize_q=False,
+                           sampling=SamplingConfig().filters(),
+                           penalties=SamplingConfig().penalties(), normalize_q=False,
                            max_new_tokens=32, capacity=_CAPACITY, eos_ids=(),
                            host=NO_HOST_CALL, logprobs=False,
                            top_logprobs=0).compile(shipped_build).as_text()
