@@ -208,16 +208,18 @@ def test_a_row_decodes_as_it_would_alone():
                                   np.asarray(together.tokens_BxN[b]))
 
 
-def test_speculative_sampling_with_penalties_is_lossless():
-  """The exact joint law of the first three tokens under the penalized, filtered target (each
-  token's logits penalized with the prompt and the tokens before it) against 200,000 samples
-  of chain speculative sampling; the penalties move that law far past the bound."""
+_LOSSLESS_SETTING = dict(repetition_penalty=2.0, presence_penalty=1.0, frequency_penalty=0.5)
+
+
+@pytest.fixture(scope="module")
+def penalized_law():
+  """(fns, params, draft params, the exact joint law [V, V, V] of the first three tokens under
+  the penalized target at temperature 1 with top-p 0.95: each token's logits penalized with
+  the prompt and the tokens before it, in float64 by reference_penalties)."""
   from tests.test_spec_decode_sampling import PROMPT, V
   target = random_decoder(seed=11, vocab=V, num_layers=2, hidden=32)
   fns, params = decoder_fns(target)
   _, dparams = decoder_fns(perturbed_copy(target, 0.6, seed=3))
-  setting = dict(repetition_penalty=2.0, presence_penalty=1.0, frequency_penalty=0.5)
-  sampling = SamplingConfig(temperature=1.0, top_p=0.95, **setting)
   plain_sampling = SamplingConfig(temperature=1.0, top_p=0.95)
   t = len(PROMPT)
   ids = np.array([PROMPT + [a, b] for a in range(V) for b in range(V)], np.int32)
@@ -225,25 +227,45 @@ def test_speculative_sampling_with_penalties_is_lossless():
       params, jnp.asarray(ids), jnp.broadcast_to(jnp.arange(t + 2), ids.shape),
       fns.init_cache(ids.shape[0], t + 2))[0], np.float64)
 
-  def law(z, output):
-    return np.asarray(probabilities(jnp.asarray(
-        reference_penalties(z, PROMPT, output, **setting), jnp.float32)[None], plain_sampling),
-        np.float64)[0]
+  def laws(rows, setting):  # rows: (logits, output so far); one filtered law per row
+    z = np.stack([reference_penalties(z, PROMPT, output, **setting) for z, output in rows])
+    return np.asarray(probabilities(jnp.asarray(z, jnp.float32), plain_sampling), np.float64)
 
-  exact = np.zeros((V, V, V))
-  p1 = law(logits[0, t - 1], [])
-  for a in range(V):
-    p2 = law(logits[a * V, t], [a])
-    for b in range(V):
-      exact[a, b] = p1[a] * p2[b] * law(logits[a * V + b, t + 1], [a, b])
-  unpenalized = _tv(exact.sum(axis=0), np.einsum(
-      "a,ab,abc->bc", np.asarray(probabilities(jnp.asarray(logits[:1, t - 1]),
-                                               plain_sampling), np.float64)[0],
-      np.asarray(probabilities(jnp.asarray(logits[::V, t]), plain_sampling), np.float64),
-      np.asarray(probabilities(jnp.asarray(logits[:, t + 1]), plain_sampling),
-                 np.float64).reshape(V, V, V)))
-  assert unpenalized > 5 * TV_LIMIT
-  got = _sampled_joint(fns, params, lm_chain_drafter(fns, 2), dparams, sampling, seed0=3)
+  def joint(setting):
+    p1 = laws([(logits[0, t - 1], [])], setting)[0]
+    p2 = laws([(logits[a * V, t], [a]) for a in range(V)], setting)
+    p3 = laws([(logits[a * V + b, t + 1], [a, b]) for a in range(V) for b in range(V)],
+              setting).reshape(V, V, V)
+    return p1[:, None, None] * p2[:, :, None] * p3
+
+  exact = joint(_LOSSLESS_SETTING)
+  # The penalties move the law far past the bound: ignoring them could not pass.
+  assert _tv(exact.sum(axis=0), joint({}).sum(axis=0)) > 5 * TV_LIMIT
+  return fns, params, dparams, exact
+
+
+@pytest.mark.parametrize("engine", ["chain", "tree"])
+def test_speculative_sampling_with_penalties_is_lossless(penalized_law, engine):
+  """200,000 samples of speculative sampling against the exact law: the (first, second) and
+  (second, third) token pairs, the latter from inside speculative rounds (a chain drafter that
+  drafts under the penalties; a tree drafter that does not, whose depth-2 nodes are judged in
+  their path's context)."""
+  from tests.test_spec_decode_sampling import PROMPT, ROWS, CALLS, V
+  fns, params, dparams, exact = penalized_law
+  sampling = SamplingConfig(temperature=1.0, top_p=0.95, **_LOSSLESS_SETTING)
+  if engine == "chain":
+    got = _sampled_joint(fns, params, lm_chain_drafter(fns, 2), dparams, sampling, seed0=3)
+  else:
+    counts = np.zeros((V, V, V))
+    drafter = lm_tree_drafter(fns, TreeShape(2, 2, 6))
+    for call in range(CALLS):
+      out = asd_tree_decode(fns, params, drafter, dparams, np.tile([PROMPT], (ROWS, 1)),
+                            np.full((ROWS,), len(PROMPT)), max_new_tokens=3, rule="sample",
+                            sampling=sampling, seed=3 + call, capacity=24)
+      tok = np.asarray(out.tokens_BxN)
+      assert (tok >= 0).all()
+      np.add.at(counts, (tok[:, 0], tok[:, 1], tok[:, 2]), 1)
+    got = counts / counts.sum()
   assert _tv(got.sum(axis=2), exact.sum(axis=2)) <= TV_LIMIT
   assert _tv(got.sum(axis=0), exact.sum(axis=0)) <= TV_LIMIT
 
