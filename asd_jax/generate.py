@@ -12,6 +12,7 @@ Examples:
   python -m asd_jax.generate --prompts-file questions.txt --draft ngram+store --json  # batched
   python -m asd_jax.generate --prompt "..." --stop '\\n\\n' --json   # end at a blank line
   python -m asd_jax.generate --prompt "..." --system "Answer in one word."
+  python -m asd_jax.generate --pair smollm2-135m --prompt "..." --repetition-penalty 1.2
 
 Without --draft: plain decoding. With --draft: --rule strict (default; output == plain greedy),
 asd (--asd-preset, --budget/--gate/--max-exceptions; greedy only) or sample (lossless, uses

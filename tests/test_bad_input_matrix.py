@@ -192,6 +192,10 @@ API = [
     ("SamplingConfig: top_k 1.5", lambda: SamplingConfig(top_k=1.5), ValueError, "top_k"),
     ("SamplingConfig: top_p str", lambda: SamplingConfig(top_p="0.9"), ValueError, "top_p"),
     ("SamplingConfig: min_p<0", lambda: SamplingConfig(1.0, min_p=-0.1), ValueError, "min_p"),
+    ("SamplingConfig: repetition_penalty 0", lambda: SamplingConfig(repetition_penalty=0.0),
+     ValueError, "repetition_penalty"),
+    ("SamplingConfig: presence_penalty > 2", lambda: SamplingConfig(presence_penalty=2.1),
+     ValueError, "presence_penalty"),
     ("SamplingConfig: min_p>1", lambda: SamplingConfig(1.0, min_p=1.5), ValueError, "min_p"),
     ("SamplingConfig: min_p nan", lambda: SamplingConfig(1.0, min_p=math.nan), ValueError,
      "min_p"),
@@ -578,6 +582,10 @@ GENERATE = [
     (["--prompt", "hi", "--top-k", "5"], "top_k=5 filters sampling, but temperature 0 is greedy"),
     (["--prompt", "hi", "--min-p", "0.1"], "min_p=0.1 filters sampling"),
     (["--prompt", "hi", "--temperature", "1", "--min-p", "1.5"], "min_p must be in [0, 1]"),
+    (["--prompt", "hi", "--repetition-penalty", "0"], "repetition_penalty must be a finite"),
+    (["--prompt", "hi", "--repetition-penalty", "nan"], "repetition_penalty must be a finite"),
+    (["--prompt", "hi", "--presence-penalty", "2.5"], "presence_penalty must be a number in"),
+    (["--prompt", "hi", "--frequency-penalty=-inf"], "frequency_penalty must be a number in"),
 ]
 
 
