@@ -9,7 +9,11 @@ batch, EOS honoured), then strict chain decoding of each prompt alone with the d
 shipped (a language-model drafter drafts under the penalty, ChainDrafter.takes_penalty) and
 with that switched off. Prints tau (tokens per round) and how many answers equal plain
 decoding's (all of them, under strict, is the promise), and writes them as JSON. tau is
-DecodeStats' (the tokens verification rounds output / rounds), as generate reports it.
+DecodeStats' (the tokens verification rounds output / rounds), as generate reports it. Plain
+decoding's batch is timed too, EOS ignored so every setting makes the same tokens: the
+settings interleaved, --timing-repeats times each after a compiling call, the median kept, so
+the penalties' own cost shows beside the first setting's (ratios within this run; the machine
+is shared).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import time
 
 import numpy as np
 
@@ -32,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--num-prompts", type=int, default=10, help="per suite")
   p.add_argument("--max-new-tokens", type=int, default=128)
   p.add_argument("--repetition-penalties", default="1.0,1.2")
+  p.add_argument("--timing-repeats", type=int, default=5)
   p.add_argument("--json", default="")
   return p
 
@@ -42,7 +48,7 @@ def check_args(args):
   from asd_jax.cli_common import split_list_flag
   from asd_jax.sampling import SamplingConfig
   from models.drafter_setup import check_drafter_request
-  check_positive_flags(args, "k", "num_prompts", "max_new_tokens")
+  check_positive_flags(args, "k", "num_prompts", "max_new_tokens", "timing_repeats")
   samplings = []
   for text in split_list_flag(args.repetition_penalties, "--repetition-penalties"):
     try:
@@ -79,12 +85,30 @@ def main(argv=None) -> int:
   drafters = {"under the penalty": setup.drafter,
               "without it": dataclasses.replace(setup.drafter, takes_penalty=False)}
   prompt, lengths = right_pad(rows, bucket=64)
+
+  def plain_batch(sampling, eos_ids):
+    out = plain_decode(setup.target_fns, setup.target_params, prompt, lengths,
+                       max_new_tokens=args.max_new_tokens, eos_ids=eos_ids, sampling=sampling)
+    out.tokens_BxN.block_until_ready()
+    return out
+
+  for sampling in samplings:
+    plain_batch(sampling, ())  # compiles
+  seconds = [[] for _ in samplings]
+  for _ in range(args.timing_repeats):
+    for i, sampling in enumerate(samplings):
+      start = time.perf_counter()
+      plain_batch(sampling, ())
+      seconds[i].append(time.perf_counter() - start)
+  timed_tokens = len(rows) * args.max_new_tokens
+  plain_timings = [{"repetition_penalty": s.repetition_penalty, "tokens": timed_tokens,
+                    "seconds": sorted(t), "tokens_per_s": timed_tokens / float(np.median(t))}
+                   for s, t in zip(samplings, seconds)]
   results = []
   print(f"{'repetition penalty':>18} | {'drafter drafts':>17} | {'tau':>6} | {'rounds':>6} | "
         "answers == plain")
   for sampling in samplings:
-    plain = plain_decode(setup.target_fns, setup.target_params, prompt, lengths,
-                         max_new_tokens=args.max_new_tokens, eos_ids=eos, sampling=sampling)
+    plain = plain_batch(sampling, eos)
     want = [np.asarray(plain.tokens_BxN[b, :plain.num_generated_B[b]]).tolist()
             for b in range(len(rows))]
     for name, drafter in drafters.items():
@@ -104,11 +128,16 @@ def main(argv=None) -> int:
       results.append(result)
       print(f"{sampling.repetition_penalty:>18g} | {name:>17} | {result['tau']:6.3f} | "
             f"{rounds:6d} | {equal}/{len(rows)}", flush=True)
+  base = plain_timings[0]["tokens_per_s"]
+  for timing in plain_timings:
+    print(f"plain decoding, {len(rows)} rows in one batch, repetition penalty "
+          f"{timing['repetition_penalty']:g}: {timing['tokens_per_s']:.1f} tok/s, median of "
+          f"{args.timing_repeats} ({timing['tokens_per_s'] / base:.3f}x the first setting)")
   if args.json:
     config = {k: v for k, v in vars(args).items() if k != "json"}
     with open(args.json, "w") as f:
       json.dump({"config": config, "prompts": [p.prompt_id for p in prompts],
-                 "results": results}, f, indent=1)
+                 "results": results, "plain_timings": plain_timings}, f, indent=1)
   return 0
 
 

@@ -146,6 +146,7 @@ def test_strict_vs_plain_dtypes(argv, message, paths, capsys):
 PENALTY_TAU = [
     (["--k", "0"], "--k must be positive, got 0"),
     (["--num-prompts", "0"], "--num-prompts must be positive, got 0"),
+    (["--timing-repeats", "0"], "--timing-repeats must be positive, got 0"),
     (["--repetition-penalties", "1.0,0"], "--repetition-penalties: '0': repetition_penalty must"),
     (["--repetition-penalties", "1.2,x"], "--repetition-penalties: 'x': "),
     (["--repetition-penalties", "1.0,,1.2"], "has an empty entry"),
