@@ -40,9 +40,9 @@ from asd_jax.tree_verify import tree_asd_verify_traced, tree_greedy_verify, tree
 def tree_attention(parents_BxN, committed_B, capacity: int, depth: int):
   """Slots, positions offsets and visibility of the verification forward over [root, nodes].
 
-  Returns (slots_BxT, depth_BxT, visible_BxTxS) with T = N + 1: token 0 is the last committed
-  token (slot n-1), node i sits in slot n + i; each sees the committed prefix, the root and
-  its own ancestors (itself included).
+  Returns (slots_BxT, depth_BxT, visible_BxTxS, paths_BxNxD) with T = N + 1: token 0 is the
+  last committed token (slot n-1), node i sits in slot n + i; each sees the committed prefix,
+  the root and its own ancestors (itself included), which paths_BxNxD lists (tree_paths).
   """
   paths_BxNxD, depth_BxN, _ = jax.vmap(lambda p: tree_paths(p, depth))(parents_BxN)
   n_B = committed_B
@@ -55,7 +55,7 @@ def tree_attention(parents_BxN, committed_B, capacity: int, depth: int):
       s_S[None, None, :, None] == anc_slots_BxNxD[:, :, None, :]).any(-1)
   visible_BxTxS = jnp.concatenate([committed_BxS[:, None, :], nodes_visible], axis=1)
   depth_BxT = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), depth_BxN], axis=1)
-  return slots_BxT, depth_BxT, visible_BxTxS
+  return slots_BxT, depth_BxT, visible_BxTxS, paths_BxNxD
 
 
 def _flat_features(hidden_BxTxNxD, feature_layers):
@@ -132,7 +132,8 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
         drafter_params, drafter_state, window_BxW, window_pos_BxW, n_B, k_draft, sampling,
         capacity, window_features)
 
-    slots_BxT, depth_BxT, visible_BxTxS = tree_attention(parents_BxN, n_B, capacity, depth)
+    slots_BxT, depth_BxT, visible_BxTxS, paths_BxNxD = tree_attention(parents_BxN, n_B,
+                                                                      capacity, depth)
     root_B = s.recent_Bx2[:, 1]
     block_BxT = jnp.concatenate([root_B[:, None], tokens_BxN], axis=1)
     positions_BxT = (n_B - 1)[:, None] + depth_BxT
@@ -141,7 +142,6 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
     check_logits(target, target_logits, block_BxT.shape + (target.vocab_size,), "tree_forward")
     verify_logits = target_logits
     if penalties.on:  # row n+1 judges node n's children in the context of node n's path
-      paths_BxNxD = jax.vmap(lambda p: tree_paths(p, depth)[0])(parents_BxN)
       verify_logits = penalties_lib.penalize(target_logits, s.token_counts, penalties,
                                              penalties_lib.tree_context(tokens_BxN, paths_BxNxD))
     verdict = _verify_tree(rule, tokens_BxN, parents_BxN, draft_logits, verify_logits,

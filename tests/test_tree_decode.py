@@ -30,7 +30,7 @@ def test_tree_attention_logits_equal_each_nodes_root_path_as_a_sequence():
   forward = jax.jit(_TFNS.forward)
   cache = _TFNS.init_cache(1, capacity)
   _, _, cache = forward(_TPARAMS, jnp.asarray([prefix[:-1]]), jnp.arange(n - 1)[None], cache)
-  slots, depth, visible = tree_attention(jnp.asarray(parents), jnp.array([n]), capacity, 6)
+  slots, depth, visible, _ = tree_attention(jnp.asarray(parents), jnp.array([n]), capacity, 6)
   block = jnp.concatenate([jnp.array([[prefix[-1]]]), jnp.asarray(tokens)], axis=1)
   tree_logits, _, _ = jax.jit(_TFNS.tree_forward)(_TPARAMS, block, (n - 1) + depth, slots,
                                                   visible, cache)
