@@ -288,24 +288,26 @@ def right_pad(rows: list[list[int]], bucket: int = 32) -> tuple[np.ndarray, np.n
   return out, lengths
 
 
-def text_stream(tokenizer, row: int = 0, out=None, stop=None):
+def text_stream(tokenizer, row: int = 0, out=None, stop=None, min_tokens: int = 0):
   """A TokenStream that prints row `row`'s text to `out` (stdout) as its tokens arrive.
 
   The whole answer is re-decoded at each delivery and only the new suffix printed: byte-level
   BPE splits characters across tokens, so a token alone may not decode. A suffix ending in an
   incomplete character (U+FFFD) waits for the next delivery. With `stop` (StopStrings) the
   stop string is never printed, and neither is a tail that may begin one until the next tokens
-  settle it; `stream.on_tokens.finish(answer_text)` prints what is still held back.
+  settle it; `stream.on_tokens.finish(answer_text)` prints what is still held back. min_tokens:
+  the request's; a stop string ending in the text of the tokens before it does not count.
   """
   from asd_jax.token_stream import TokenStream
-  return TokenStream(_TextPrinter(tokenizer, row, out, stop))
+  return TokenStream(_TextPrinter(tokenizer, row, out, stop, min_tokens))
 
 
 class _TextPrinter:
   """text_stream's callback (see there)."""
 
-  def __init__(self, tokenizer, row, out, stop):
+  def __init__(self, tokenizer, row, out, stop, min_tokens):
     self.tokenizer, self.row, self.out, self.stop = tokenizer, row, out, stop
+    self.min_tokens = min_tokens
     self.tokens: list[int] = []
     self.shown = 0
 
@@ -316,7 +318,9 @@ class _TextPrinter:
     text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
     if text.endswith("\ufffd"):
       return
-    self._show(text if self.stop is None else self.stop.settled(text))
+    if self.stop is not None:
+      text = self.stop.settled(text, self.stop.min_tokens_chars(self.tokens, self.min_tokens))
+    self._show(text)
 
   def finish(self, answer_text: str) -> None:
     """After the decode call: prints the rest of the final answer (what was held back)."""

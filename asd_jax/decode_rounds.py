@@ -145,9 +145,8 @@ def initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampl
   """Loop state after prefill: the first token (from the prefill logits) is committed."""
   b = prompt_BxT.shape[0]
   rng, sub = split_keys(rng, 2)
-  token_counts = None
-  if penalties.on:
-    token_counts = penalties_lib.count_prompt(prompt_BxT, lengths_B, first_logits_BxV.shape[-1])
+  token_counts = penalties_lib.count_prompt(prompt_BxT, lengths_B, first_logits_BxV.shape[-1],
+                                            penalties)
   first_B = select_token(penalties_lib.penalize(first_logits_BxV, token_counts, penalties), sub,
                          sampling)
   first_ok_B = jnp.isfinite(first_logits_BxV).all(axis=-1)

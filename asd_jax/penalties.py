@@ -1,22 +1,27 @@
-"""Repetition, presence and frequency penalties (vLLM's and OpenAI's request fields).
+"""What a request does to the target's logits before it samples: vLLM's and OpenAI's
+`logit_bias`, `min_tokens` and the repetition, presence and frequency penalties.
 
-For each token, with count = how many times it is in the output so far:
+For each token, with count = how many times it is in the output so far, in this order:
+  logit_bias b_t (OpenAI; vLLM): z += b_t for the tokens the request names;
   repetition_penalty r (CTRL, Keskar et al. 2019; transformers; vLLM): a token in the prompt or
     the output has its logit z divided by r where z > 0 and multiplied by r otherwise, so
     r > 1 makes every seen token less likely and r < 1 more likely;
   frequency_penalty f: z -= f * count;
-  presence_penalty p: z -= p where count > 0.
-In that order, on the target's raw logits, before temperature and the sampling filters. Unlike
-the filters they change what greedy decoding picks, so they apply at temperature 0 too.
+  presence_penalty p: z -= p where count > 0;
+  min_tokens m: while the output holds fewer than m tokens, the EOS ids get z = -inf (so no
+    rule can choose, accept or sample one).
+On the target's raw logits, before temperature and the sampling filters. Unlike the filters
+they change what greedy decoding picks, so they apply at temperature 0 too.
 
 Every engine applies them where the target's logits choose or verify a token: plain decoding
 with the output so far; a speculative round's row for draft position j with the committed
 output plus the drafted tokens before j (a chain) or the node's ancestors (a tree) -- the
-context that position has if the draft is accepted. So strict verification still gives plain
-greedy decoding's output under the same penalties, and speculative sampling stays lossless.
-Language-model chain drafters draft under them too (`DraftPenalty`); the others propose as they
-would without them, which costs acceptance only, since every proposal is verified.
-Log-probabilities stay the model's raw ones, as vLLM reports by default.
+context that position has if the draft is accepted (its tokens count, and its length is what
+min_tokens reads). So strict verification still gives plain greedy decoding's output under the
+same settings, and speculative sampling stays lossless. Language-model chain drafters draft
+under them too (`DraftPenalty`); the others propose as they would without them, which costs
+acceptance only, since every proposal is verified. Log-probabilities stay the model's raw ones,
+as vLLM reports by default.
 
 Shapes: B rows, R logits rows per row (1, K+1 or N+1), J context tokens per logits row, V vocab.
 """
@@ -34,6 +39,7 @@ import numpy as np
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 PRESENCE_FREQUENCY_RANGE = 2.0  # vLLM and OpenAI accept [-2, 2]
+LOGIT_BIAS_RANGE = 100.0  # OpenAI accepts [-100, 100]: -100 bans a token in practice
 
 
 def check_penalties(repetition, presence, frequency) -> tuple[float, float, float]:
@@ -49,23 +55,89 @@ def check_penalties(repetition, presence, frequency) -> tuple[float, float, floa
   return float(repetition), float(presence), float(frequency)
 
 
+def check_min_tokens(min_tokens) -> int:
+  """Validates min_tokens (an int >= 0; 0 = off); returns it. Raises ValueError."""
+  if isinstance(min_tokens, bool) or not isinstance(min_tokens, numbers.Integral) or (
+      min_tokens < 0):
+    raise ValueError(f"min_tokens must be an integer >= 0 (0 = off), got {min_tokens!r}")
+  return int(min_tokens)
+
+
+def check_logit_bias(logit_bias) -> tuple[tuple[int, float], ...]:
+  """Validates a logit bias ({token id: bias} or (id, bias) pairs; ids >= 0, biases in
+  [-100, 100]); returns it as sorted (id, bias) pairs. Raises ValueError. Ids are checked
+  against the vocabulary where it is known (`Penalties.of`)."""
+  pairs = logit_bias.items() if isinstance(logit_bias, dict) else logit_bias
+  try:
+    pairs = [tuple(pair) for pair in pairs]
+  except TypeError:
+    raise ValueError(f"logit_bias must map token ids to biases ({{id: bias}}), got "
+                     f"{logit_bias!r}") from None
+  seen = {}
+  for pair in pairs:
+    if len(pair) != 2:
+      raise ValueError(f"logit_bias must map token ids to biases, got the entry {pair!r}")
+    token, bias = pair
+    if isinstance(token, bool) or not isinstance(token, numbers.Integral) or token < 0:
+      raise ValueError(f"logit_bias: a token id must be an integer >= 0, got {token!r}")
+    if isinstance(bias, bool) or not isinstance(bias, numbers.Real) or not (
+        -LOGIT_BIAS_RANGE <= bias <= LOGIT_BIAS_RANGE):
+      raise ValueError(f"logit_bias: the bias of token {token} must be a number in "
+                       f"[-100, 100], got {bias!r}")
+    if int(token) in seen:
+      raise ValueError(f"logit_bias names token {token} twice")
+    seen[int(token)] = float(bias)
+  return tuple(sorted(seen.items()))
+
+
 @flax.struct.dataclass
 class Penalties:
-  """Penalty settings as the engines compute with them: the values are traced (new values
-  reuse the compiled program); whether any is on is static (off, the engines carry no token
-  counts and compute nothing). Build one with `Penalties.of` (checked) or
-  SamplingConfig.penalties()."""
+  """The request's logit edits as the engines compute with them: the values are traced (new
+  values reuse the compiled program); which edits are on is static (all off, the engines carry
+  no token counts and compute nothing). Build one with `Penalties.of` (checked) or
+  SamplingConfig.penalties(vocab_size, eos_ids)."""
 
   repetition: Any  # float32 scalar
   presence: Any  # float32 scalar
   frequency: Any  # float32 scalar
-  on: bool = flax.struct.field(pytree_node=False, default=False)
+  min_tokens: Any  # int32 scalar
+  bias_V: Any = None  # float32[V] added to the logits; None: no logit_bias
+  # A repetition, presence or frequency penalty is on (the engines then count the tokens).
+  counts_tokens: bool = flax.struct.field(pytree_node=False, default=False)
+  # The ids min_tokens holds back; () when min_tokens is 0 or the request has no EOS ids.
+  banned_until_min: tuple[int, ...] = flax.struct.field(pytree_node=False, default=())
+
+  @property
+  def on(self) -> bool:
+    return self.counts_tokens or bool(self.banned_until_min) or self.bias_V is not None
 
   @classmethod
-  def of(cls, repetition=1.0, presence=0.0, frequency=0.0) -> "Penalties":
+  def of(cls, repetition=1.0, presence=0.0, frequency=0.0, *, min_tokens=0, eos_ids=(),
+         logit_bias=(), vocab_size: int | None = None,
+         max_new_tokens: int | None = None) -> "Penalties":
+    """Checked settings. eos_ids: the ids that end an answer (min_tokens holds them back);
+    vocab_size: needed with a logit_bias (its ids are checked against it); max_new_tokens: the
+    request's (a min_tokens above it is refused, as vLLM refuses one above max_tokens)."""
     repetition, presence, frequency = check_penalties(repetition, presence, frequency)
+    min_tokens = check_min_tokens(min_tokens)
+    if max_new_tokens is not None and min_tokens > max_new_tokens:
+      raise ValueError(f"min_tokens ({min_tokens}) is more than max_new_tokens "
+                       f"({max_new_tokens}): no answer could have that many tokens")
+    bias_V = None
+    pairs = check_logit_bias(logit_bias)
+    if pairs:
+      if vocab_size is None:
+        raise ValueError("a logit_bias needs the vocabulary size")
+      out = [token for token, _ in pairs if token >= vocab_size]
+      if out:
+        raise ValueError(f"logit_bias names token id(s) {out[:5]} outside the vocabulary "
+                         f"[0, {vocab_size})")
+      bias_V = np.zeros(vocab_size, np.float32)
+      bias_V[[t for t, _ in pairs]] = [b for _, b in pairs]
     return cls(np.float32(repetition), np.float32(presence), np.float32(frequency),
-               on=(repetition, presence, frequency) != (1.0, 0.0, 0.0))
+               np.int32(min_tokens), bias_V,
+               counts_tokens=(repetition, presence, frequency) != (1.0, 0.0, 0.0),
+               banned_until_min=tuple(map(int, eos_ids)) if min_tokens else ())
 
 
 OFF = Penalties.of()
@@ -73,27 +145,39 @@ OFF = Penalties.of()
 
 @flax.struct.dataclass
 class TokenCounts:
-  """What the penalties read, per row: output_BxV, how many times each token is in the output;
-  in_prompt_BxV, whether it is in the prompt."""
+  """What the edits read, per row: output_length_B, the output's length (min_tokens); and when
+  a penalty counts tokens, output_BxV, how many times each token is in the output, and
+  in_prompt_BxV, whether it is in the prompt (else None)."""
 
-  output_BxV: jax.Array
-  in_prompt_BxV: jax.Array
+  output_length_B: jax.Array
+  output_BxV: jax.Array | None = None
+  in_prompt_BxV: jax.Array | None = None
 
 
-def count_prompt(prompt_BxT, lengths_B, vocab: int) -> TokenCounts:
-  """Counts for a request before its first token: the prompt's tokens (padding excluded)."""
+def count_prompt(prompt_BxT, lengths_B, vocab: int, penalties: Penalties) -> TokenCounts | None:
+  """Counts for a request before its first token: the prompt's tokens (padding excluded);
+  None when the request edits no logits."""
+  if not penalties.on:
+    return None
   b, t = prompt_BxT.shape
+  counts = TokenCounts(output_length_B=jnp.zeros((b,), jnp.int32))
+  if not penalties.counts_tokens:
+    return counts
   real_BxT = jnp.arange(t)[None] < lengths_B[:, None]
   ids_BxT = jnp.where(real_BxT, prompt_BxT, vocab)  # vocab = out of bounds: dropped
   in_prompt_BxV = jnp.zeros((b, vocab), bool).at[jnp.arange(b)[:, None], ids_BxT].set(
       True, mode="drop")
-  return TokenCounts(output_BxV=jnp.zeros((b, vocab), jnp.int32), in_prompt_BxV=in_prompt_BxV)
+  return counts.replace(output_BxV=jnp.zeros((b, vocab), jnp.int32), in_prompt_BxV=in_prompt_BxV)
 
 
 def add_output(counts: TokenCounts | None, tokens_BxJ, keep_BxJ) -> TokenCounts | None:
   """Counts after appending tokens_BxJ[keep_BxJ] to each row's output (None stays None)."""
   if counts is None:
     return None
+  counts = counts.replace(output_length_B=counts.output_length_B
+                          + keep_BxJ.sum(axis=1, dtype=jnp.int32))
+  if counts.output_BxV is None:
+    return counts
   b, vocab = counts.output_BxV.shape
   ids_BxJ = jnp.where(keep_BxJ, tokens_BxJ, vocab)
   output_BxV = counts.output_BxV.at[jnp.arange(b)[:, None], ids_BxJ].add(1, mode="drop")
@@ -138,8 +222,9 @@ def tree_context(tokens_BxN, paths_BxNxD):
 
 
 def penalize(logits, counts: TokenCounts | None, penalties: Penalties, context_BxRxJ=None):
-  """float32 logits [B, V] or [B, R, V] after the penalties (the input unchanged when they are
-  off). Row r of [B, R, V] also counts context_BxRxJ[:, r]'s tokens (-1 = none) as output.
+  """float32 logits [B, V] or [B, R, V] after the request's edits (the input unchanged when
+  they are off). Row r of [B, R, V] also counts context_BxRxJ[:, r]'s tokens (-1 = none) as
+  output.
 
   Non-finite logits pass through unchanged, so the engines' NaN/inf checks still see them; a
   finite logit a penalty would push past float32's range saturates at its largest value
@@ -151,17 +236,28 @@ def penalize(logits, counts: TokenCounts | None, penalties: Penalties, context_B
   rows = z.ndim == 3
   z_BxRxV = z if rows else z[:, None]
   b, r, vocab = z_BxRxV.shape
-  output_BxRxV = jnp.broadcast_to(counts.output_BxV[:, None], (b, r, vocab))
-  if context_BxRxJ is not None:
-    ids_BxRxJ = jnp.where(context_BxRxJ >= 0, context_BxRxJ, vocab)
-    output_BxRxV = output_BxRxV.at[jnp.arange(b)[:, None, None], jnp.arange(r)[None, :, None],
-                                   ids_BxRxJ].add(1, mode="drop")
-  in_output = output_BxRxV > 0
-  seen = in_output | counts.in_prompt_BxV[:, None]
-  repetition = jnp.asarray(penalties.repetition, jnp.float32)
-  out = jnp.where(seen, jnp.where(z_BxRxV > 0, z_BxRxV / repetition, z_BxRxV * repetition),
-                  z_BxRxV)
-  out = (out - jnp.asarray(penalties.frequency, jnp.float32) * output_BxRxV
-         - jnp.asarray(penalties.presence, jnp.float32) * in_output)
-  out = jnp.where(jnp.isfinite(z_BxRxV), jnp.clip(out, -_FLOAT32_MAX, _FLOAT32_MAX), z_BxRxV)
+  out = z_BxRxV
+  if penalties.bias_V is not None:
+    out = out + jnp.asarray(penalties.bias_V, jnp.float32)
+  if penalties.counts_tokens:
+    output_BxRxV = jnp.broadcast_to(counts.output_BxV[:, None], (b, r, vocab))
+    if context_BxRxJ is not None:
+      ids_BxRxJ = jnp.where(context_BxRxJ >= 0, context_BxRxJ, vocab)
+      output_BxRxV = output_BxRxV.at[jnp.arange(b)[:, None, None],
+                                     jnp.arange(r)[None, :, None], ids_BxRxJ].add(1, mode="drop")
+    in_output = output_BxRxV > 0
+    seen = in_output | counts.in_prompt_BxV[:, None]
+    repetition = jnp.asarray(penalties.repetition, jnp.float32)
+    out = jnp.where(seen, jnp.where(out > 0, out / repetition, out * repetition), out)
+    out = (out - jnp.asarray(penalties.frequency, jnp.float32) * output_BxRxV
+           - jnp.asarray(penalties.presence, jnp.float32) * in_output)
+  finite = jnp.isfinite(z_BxRxV)
+  out = jnp.where(finite, jnp.clip(out, -_FLOAT32_MAX, _FLOAT32_MAX), z_BxRxV)
+  if penalties.banned_until_min:
+    # Row r chooses output token number length + (its drafted context's length).
+    drafted_BxR = 0 if context_BxRxJ is None else (context_BxRxJ >= 0).sum(-1, dtype=jnp.int32)
+    early_BxR = counts.output_length_B[:, None] + drafted_BxR < penalties.min_tokens
+    banned_V = jnp.zeros((vocab,), bool).at[jnp.asarray(penalties.banned_until_min)].set(
+        True, mode="drop")
+    out = jnp.where(early_BxR[:, :, None] & banned_V & finite, -jnp.inf, out)
   return out if rows else out[:, 0]

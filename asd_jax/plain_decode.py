@@ -122,8 +122,8 @@ def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_
       cache=cache, rng=rng,
       logprobs=(token_logprobs.empty_buffer(b, max_new_tokens, top_logprobs) if logprobs
                 else None),
-      token_counts=(penalties_lib.count_prompt(prompt_BxT, lengths_B, fns.vocab_size)
-                    if penalties.on else None))
+      token_counts=penalties_lib.count_prompt(prompt_BxT, lengths_B, fns.vocab_size,
+                                              penalties))
   state = _emit(state, logits_BxV, sub, max_new_B, eos_ids, sampling, penalties, host,
                 top_logprobs)
 
@@ -170,7 +170,7 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
       it per row. Requests whose max_new_tokens round up to the same multiple of 64 share one
       compiled program (asd_jax/output_buffer.py).
     eos_ids: a row stops after emitting any of these (it is included in the output).
-    sampling: greedy by default; its penalties (asd_jax/penalties.py) apply too.
+    sampling: greedy by default; its logit edits (asd_jax/penalties.py) apply too.
     seed: an int, or int[B] one per request; each row samples from its own key
       (asd_jax.sampling_keys.row_keys), so a row's output does not depend on its batch.
     capacity: KV-cache slots per row (static); default: prompt width + max_new_tokens rounded
@@ -194,12 +194,13 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
   request_checks.check_param_shapes("params", params, fns.param_shapes, fns.name)
   check_stream(stream)
   token_logprobs.check_logprobs_request(logprobs, top_logprobs, fns.vocab_size)
-  stops = row_stops(stop, prompt.shape[0])
+  penalties = sampling.penalties(fns.vocab_size, eos_ids, max_new_tokens)
+  stops = row_stops(stop, prompt.shape[0], min_tokens=sampling.min_tokens)
   with host_calls(stream=stream, stop=stops) as host:
     result = _plain_decode(fns, params, jnp.asarray(prompt), jnp.asarray(lengths),
                            jnp.asarray(max_new_B), row_keys(seed, prompt.shape[0]),
                            max_new_tokens=output_buffer.buffer_width(max_new_tokens),
                            capacity=capacity, eos_ids=eos_ids, sampling=sampling.filters(),
-                           penalties=sampling.penalties(),
+                           penalties=penalties,
                            host=host, logprobs=logprobs, top_logprobs=top_logprobs)
     return output_buffer.trim(finish_host_calls(host, result), max_new_tokens)

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from asd_jax.greedy_verify import first_argmax
-from asd_jax.penalties import Penalties, check_penalties
+from asd_jax.penalties import Penalties, check_logit_bias, check_min_tokens, check_penalties
 from asd_jax.sampling_keys import categorical_rows
 from asd_jax.spec_sampling import Filters, filtered_probs, check_filters
 
@@ -27,8 +27,9 @@ class SamplingConfig:
   order (`apply_sampling_filters`). A filter with temperature 0 is refused: greedy decoding
   takes the argmax, so it would do nothing.
 
-  repetition_penalty, presence_penalty and frequency_penalty (asd_jax/penalties.py) apply
-  before all of it, in greedy decoding too; traced like the filters.
+  logit_bias, repetition_penalty, presence_penalty, frequency_penalty and min_tokens
+  (asd_jax/penalties.py) apply before all of it, in greedy decoding too; traced like the
+  filters.
   """
 
   temperature: float = 0.0
@@ -38,8 +39,14 @@ class SamplingConfig:
   repetition_penalty: float = 1.0  # 1.0 = off; > 1 discourages tokens of the prompt and output
   presence_penalty: float = 0.0  # 0.0 = off; in [-2, 2], subtracted once a token is output
   frequency_penalty: float = 0.0  # 0.0 = off; in [-2, 2], times the token's output count
+  # 0 = off; EOS cannot end an answer (nor a stop string) before it has this many tokens
+  min_tokens: int = 0
+  # {token id: bias in [-100, 100]} added to the logits (stored as sorted (id, bias) pairs)
+  logit_bias: tuple = ()
 
   def __post_init__(self):
+    object.__setattr__(self, "min_tokens", check_min_tokens(self.min_tokens))
+    object.__setattr__(self, "logit_bias", check_logit_bias(self.logit_bias))
     penalties = check_penalties(self.repetition_penalty, self.presence_penalty,
                                 self.frequency_penalty)
     for name, value in zip(("repetition_penalty", "presence_penalty", "frequency_penalty"),
@@ -68,9 +75,14 @@ class SamplingConfig:
     """The traced form the engines, drafters and rules compute with."""
     return Filters.of(self.temperature, self.top_k, self.top_p, self.min_p)
 
-  def penalties(self) -> Penalties:
-    """The traced form of the penalties the engines apply to the target's logits."""
-    return Penalties.of(self.repetition_penalty, self.presence_penalty, self.frequency_penalty)
+  def penalties(self, vocab_size: int | None = None, eos_ids=(),
+                max_new_tokens: int | None = None) -> Penalties:
+    """The traced form of the edits the engines apply to the target's logits, for a model of
+    vocab_size tokens (the logit_bias ids are checked against it) whose answers end at eos_ids
+    (min_tokens holds those back), in a request of max_new_tokens."""
+    return Penalties.of(self.repetition_penalty, self.presence_penalty, self.frequency_penalty,
+                        min_tokens=self.min_tokens, eos_ids=eos_ids, logit_bias=self.logit_bias,
+                        vocab_size=vocab_size, max_new_tokens=max_new_tokens)
 
 
 def probabilities(logits_BxV: jax.Array, cfg: SamplingConfig | Filters) -> jax.Array:

@@ -206,8 +206,8 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
       `asd_config`; the ledger persists across rounds for the whole request) or "sample"
       (lossless speculative sampling with `sampling`; output distributed as plain sampling;
       at temperature 0 that is greedy decoding, and it runs as "strict"). `sampling`'s
-      penalties apply under every rule (asd_jax/penalties.py): strict still equals plain
-      greedy decoding with the same penalties.
+      logit edits (logit_bias, min_tokens, the penalties: asd_jax/penalties.py) apply under
+      every rule: strict still equals plain greedy decoding with the same settings.
     eos_ids: a row stops after emitting any of these (kept in the output).
     seed: an int, or int[B] one per request (asd_jax.sampling_keys.row_keys). Each row draws
       from its own key, so with per-request seeds a sampled row equals the same request run
@@ -255,11 +255,11 @@ def run_loop(loop, target: LanguageModelFns, target_params, drafter, drafter_par
                                     drafter.name)
   check_stream(stream)
   token_logprobs.check_logprobs_request(logprobs, top_logprobs, target.vocab_size)
-  stops = row_stops(stop, req.arrays[0].shape[0])
+  penalties = sampling.penalties(target.vocab_size, req.eos_ids, req.max_new_tokens)
+  stops = row_stops(stop, req.arrays[0].shape[0], min_tokens=sampling.min_tokens)
   with host_calls(stream=stream, stop=stops) as host:
     result = loop(target, target_params, drafter, drafter_params, *req.arrays, rule=req.rule,
-                  sampling=sampling.filters(), penalties=sampling.penalties(),
-                  normalize_q=normalize_q,
+                  sampling=sampling.filters(), penalties=penalties, normalize_q=normalize_q,
                   max_new_tokens=output_buffer.buffer_width(req.max_new_tokens),
                   capacity=req.capacity, eos_ids=req.eos_ids, host=host, logprobs=logprobs,
                   top_logprobs=top_logprobs)

@@ -83,29 +83,52 @@ class StopStrings:
     completers = tokenizer_completers(tokenizer, stop.strings)
     return dataclasses.replace(stop, completers=completers)
 
-  def find(self, text: str) -> int | None:
-    """Where the earliest stop string starts in `text`, or None."""
-    starts = [i for i in (text.find(s) for s in self.strings) if i >= 0]
+  def find(self, text: str, after: int = 0) -> int | None:
+    """Where the earliest stop string in `text` starts, or None; with `after`, only one that
+    ends past text[:after] counts (min_tokens_chars)."""
+    starts = [i for i in (text.find(s, max(0, after - len(s) + 1)) for s in self.strings)
+              if i >= 0]
     return min(starts) if starts else None
 
-  def cut(self, text: str) -> str:
-    """`text` before its first stop string (all of it without one)."""
-    at = self.find(text)
+  def cut(self, text: str, after: int = 0) -> str:
+    """`text` before its first stop string (all of it without one); `after` as in find."""
+    at = self.find(text, after)
     return text if at is None else text[:at]
 
-  def settled(self, text: str) -> str:
+  def settled(self, text: str, after: int = 0) -> str:
     """The part of a growing `text` that later tokens cannot cut: the text before a stop string,
-    or else all but a tail that may be the start of one (a stream prints only this)."""
-    at = self.find(text)
+    or else all but a tail that may be the start of one (a stream prints only this); `after`
+    as in find."""
+    at = self.find(text, after)
     if at is not None:
       return text[:at]
     held = max((k for s in self.strings for k in range(1, len(s))
                 if text.endswith(s[:k])), default=0)
     return text[:len(text) - held]
 
-  def first_stop(self, tokens: list[int], before: int) -> int | None:
+  def min_tokens_chars(self, tokens: list[int], min_tokens: int) -> int:
+    """How many characters of an answer's text (its generated tokens) no stop string may end
+    in: those of its first min_tokens - 1 tokens, which the engines check none in (a stop
+    string completed by token number min_tokens or later counts)."""
+    return len(self.decode(tokens[:min_tokens - 1])) if min_tokens > 1 else 0
+
+  def first_stop(self, tokens: list[int], before: int, min_tokens: int = 0) -> int | None:
     """The smallest n in (before, len(tokens)] whose text decode(tokens[:n]) contains a stop
-    string, or None. tokens[:before] were checked already and hold none."""
+    string, or None. tokens[:before] were checked already and hold none (past
+    min_tokens_chars). With min_tokens, only n >= min_tokens and a stop string ending past the
+    text of the first min_tokens - 1 tokens count."""
+    start = max(before, min_tokens - 1)
+    while start < len(tokens):
+      n = self._first_stop(tokens, start)
+      if n is None or min_tokens <= 1 or self.find(
+          self.decode(tokens[:n]), self.min_tokens_chars(tokens, min_tokens)) is not None:
+        return n
+      # The window's margin saw a stop string that ends before the min_tokens-th token: look on
+      # (a few tokens at most, until the margin no longer reaches it).
+      start = n
+    return None
+
+  def _first_stop(self, tokens: list[int], before: int) -> int | None:
     start, old_chars = self._window(tokens, before)
 
     def completes_one(n: int) -> bool:
@@ -140,6 +163,9 @@ class RowStops:
   """One decode call's stop strings, row by row (None: the row has none); made by row_stops."""
 
   rows: tuple[StopStrings | None, ...]
+  # A stop string counts only when the token completing it is at least the min_tokens-th of
+  # the answer (vLLM checks none before min_tokens).
+  min_tokens: int = 0
   # The first exception a `decode` raised in this call (re-raised after the loop; the check is
   # off for the rest of the call).
   _error: list = dataclasses.field(default_factory=list, init=False, repr=False)
@@ -156,11 +182,11 @@ class RowStops:
       return keep_B, stopped_B
     tokens_BxW, before_B = np.asarray(tokens_BxW), np.asarray(before_B)
     try:
-      for row in np.flatnonzero(keep_B > before_B):
+      for row in np.flatnonzero(keep_B > np.maximum(before_B, self.min_tokens - 1)):
         if self.rows[row] is None:
           continue
         n = self.rows[row].first_stop(tokens_BxW[row, :keep_B[row]].tolist(),
-                                      int(before_B[row]))
+                                      int(before_B[row]), self.min_tokens)
         if n is not None:
           keep_B[row], stopped_B[row] = n, True
     except Exception as e:  # noqa: BLE001 - re-raised by finish_host_calls, unchanged
@@ -172,14 +198,15 @@ class RowStops:
 StopArg = Union[StopStrings, Sequence[Union[StopStrings, None]], None]
 
 
-def row_stops(stop: StopArg, batch: int) -> RowStops | None:
+def row_stops(stop: StopArg, batch: int, min_tokens: int = 0) -> RowStops | None:
   """At the Python boundary of a decode call: `stop` (None, a StopStrings for every row, or a
   sequence with a StopStrings or None per row) as RowStops, None when no row has any. Anything
-  else is refused here: inside the running loop it would fail as an XLA error."""
+  else is refused here: inside the running loop it would fail as an XLA error. min_tokens: the
+  request's (SamplingConfig.min_tokens); no stop string ends an answer shorter than that."""
   if stop is None:
     return None
   if isinstance(stop, StopStrings):
-    return RowStops((stop,) * batch)
+    return RowStops((stop,) * batch, min_tokens)
   if not isinstance(stop, (list, tuple)):
     raise TypeError(f"stop must be a StopStrings or a list with one StopStrings (or None) per "
                     f"row, got {type(stop).__name__}")
@@ -189,7 +216,7 @@ def row_stops(stop: StopArg, batch: int) -> RowStops | None:
   for i, row in enumerate(stop):
     if row is not None and not isinstance(row, StopStrings):
       raise TypeError(f"stop[{i}] must be a StopStrings or None, got {type(row).__name__}")
-  return None if all(row is None for row in stop) else RowStops(tuple(stop))
+  return None if all(row is None for row in stop) else RowStops(tuple(stop), min_tokens)
 
 
 def keep_until_stop(host: HostCall, tokens_BxW: jax.Array, before_B: jax.Array,

@@ -12,28 +12,31 @@ from asd_jax.tree_decode import _tree_decode
 
 
 def chain_engine_loops(fns, params, drafter, draft_params, platform: str) -> int:
-  """stablehlo.while ops in the chain engine's program (strict with a repetition penalty, one
+  """stablehlo.while ops in the chain engine's program (strict with every logit edit on, one
   3-token prompt)."""
   return _engine_loops(_asd_decode, fns, params, drafter, draft_params, platform,
                        lookahead=drafter.num_draft)
 
 
 def tree_engine_loops(fns, params, drafter, draft_params, platform: str) -> int:
-  """stablehlo.while ops in the tree engine's program (strict with a repetition penalty, one
+  """stablehlo.while ops in the tree engine's program (strict with every logit edit on, one
   3-token prompt)."""
   return _engine_loops(_tree_decode, fns, params, drafter, draft_params, platform,
                        lookahead=drafter.shape.num_nodes + 1)
 
 
 def _engine_loops(loop, fns, params, drafter, draft_params, platform, *, lookahead) -> int:
-  sampling = SamplingConfig(repetition_penalty=1.1)  # the penalties' code included
+  # The logit edits' code included (asd_jax/penalties.py)
+  sampling = SamplingConfig(repetition_penalty=1.1, min_tokens=4, logit_bias={1: -2.0})
   req = prepare_request(fns, drafter.vocab_size, np.array([[0, 1, 2]], np.int32),
                         np.array([3], np.int32), rule="strict", asd_config=PAPER,
-                        sampling=sampling, eos_ids=(), max_new_tokens=12, max_new_B=None,
+                        sampling=sampling, eos_ids=(0,), max_new_tokens=12, max_new_B=None,
                         capacity=None, lookahead=lookahead, what="lowering")
   lowered = loop.trace(
       fns, params, drafter, draft_params, *req.arrays, rule=req.rule,
-      sampling=sampling.filters(), penalties=sampling.penalties(), normalize_q=False, max_new_tokens=req.max_new_tokens,
+      sampling=sampling.filters(),
+      penalties=sampling.penalties(fns.vocab_size, req.eos_ids, req.max_new_tokens),
+      normalize_q=False, max_new_tokens=req.max_new_tokens,
       capacity=req.capacity, eos_ids=req.eos_ids, host=NO_HOST_CALL, logprobs=False,
       top_logprobs=0).lower(lowering_platforms=(platform,))
   return lowered.as_text().count("stablehlo.while")

@@ -55,10 +55,11 @@ def _penalties(setting):
 
 def test_penalize_by_hand():
   z = jnp.array([[2.0, -2.0, 1.0, -1.0, 3.0, 0.5]])
-  counts = penalties.count_prompt(jnp.array([[0, 1, 4]]), jnp.array([2]), 6)  # 4 is padding
+  setting = penalties.Penalties.of(2.0, 0.5, 0.25)
+  counts = penalties.count_prompt(jnp.array([[0, 1, 4]]), jnp.array([2]), 6, setting)  # 4: padding
   counts = penalties.add_output(counts, jnp.array([[2, 3, 3, 5]]),
                                 jnp.array([[True, True, True, False]]))
-  got = penalties.penalize(z, counts, penalties.Penalties.of(2.0, 0.5, 0.25))
+  got = penalties.penalize(z, counts, setting)
   # 0, 1 in the prompt; 2 once and 3 twice in the output; 4 padding; 5 not kept.
   want = [2.0 / 2, -2.0 * 2, 1.0 / 2 - 0.25 - 0.5, -1.0 * 2 - 0.5 - 0.5, 3.0, 0.5]
   np.testing.assert_allclose(np.asarray(got)[0], want, rtol=1e-6)
@@ -72,10 +73,10 @@ def test_penalize_rows_count_their_context():
   rng = np.random.RandomState(0)
   z = rng.randn(2, 4, 12).astype(np.float32)
   prompt, lengths = np.array([[1, 2, 3], [4, 4, 0]]), np.array([3, 2])
-  counts = penalties.add_output(penalties.count_prompt(prompt, lengths, 12),
+  setting = dict(repetition_penalty=1.7, presence_penalty=0.4, frequency_penalty=0.9)
+  counts = penalties.add_output(penalties.count_prompt(prompt, lengths, 12, _penalties(setting)),
                                 np.array([[5, 6], [7, 0]]), np.array([[True, True], [True, False]]))
   draft = np.array([[6, 8, 8], [9, 1, 4]], np.int32)
-  setting = dict(repetition_penalty=1.7, presence_penalty=0.4, frequency_penalty=0.9)
   got = np.asarray(penalties.penalize(z, counts, _penalties(setting),
                                       penalties.chain_context(draft)))
   for b, output in enumerate(([5, 6], [7])):
@@ -91,8 +92,9 @@ def test_penalize_rows_count_their_context():
 
 def test_nonfinite_logits_pass_through_and_extremes_saturate():
   z = jnp.array([[jnp.nan, jnp.inf, -jnp.inf, 4.0, -4.0]])
-  counts = penalties.count_prompt(jnp.array([[0, 1, 2, 3, 4]]), jnp.array([5]), 5)
-  got = np.asarray(penalties.penalize(z, counts, penalties.Penalties.of(1e-38)))
+  setting = penalties.Penalties.of(1e-38)
+  counts = penalties.count_prompt(jnp.array([[0, 1, 2, 3, 4]]), jnp.array([5]), 5, setting)
+  got = np.asarray(penalties.penalize(z, counts, setting))
   assert np.isnan(got[0, 0]) and got[0, 1] == np.inf and got[0, 2] == -np.inf
   # 4 / 1e-38 is past float32's range: the largest float32, not inf (softmax would give NaN).
   assert got[0, 3] == np.finfo(np.float32).max and np.isfinite(got[0, 4])
