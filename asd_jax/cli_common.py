@@ -175,6 +175,8 @@ class PromptLine:
   stop: tuple[str, ...] = ()
   max_new_tokens: int | None = None  # a .jsonl line's own; None: --max-new-tokens
   seed: int | None = None  # a .jsonl line's own sampling seed; None: --seed + its index
+  # a .jsonl line's own SamplingConfig fields (SAMPLING_RECORD_KEYS), in place of the flags'
+  sampling: dict = dataclasses.field(default_factory=dict)
 
   def shown(self) -> str:
     """What a text listing shows for the request: the message, or a conversation's last one."""
@@ -193,8 +195,28 @@ def _line_stop(record: dict, where: str) -> tuple[str, ...]:
   return tuple(stop)
 
 
+# A .jsonl line's own sampling settings: asd_jax.sampling.SamplingConfig's fields, which are
+# vLLM's and OpenAI's request fields of the same names.
+SAMPLING_RECORD_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+                        "presence_penalty", "frequency_penalty", "min_tokens", "logit_bias")
 # A .jsonl line's keys (vLLM's and OpenAI's request fields where they have one).
-PROMPT_RECORD_KEYS = frozenset({"prompt", "messages", "stop", "max_new_tokens", "seed"})
+PROMPT_RECORD_KEYS = frozenset({"prompt", "messages", "stop", "max_new_tokens", "seed",
+                                *SAMPLING_RECORD_KEYS})
+
+
+def _line_sampling(record: dict, where: str) -> dict:
+  """A .jsonl line's own sampling fields. Their values are SamplingConfig's to check (the caller
+  builds one per line before any model loads); a "logit_bias" object's keys, which JSON makes
+  strings, become token ids here."""
+  own = {key: record[key] for key in SAMPLING_RECORD_KEYS if key in record}
+  bias = own.get("logit_bias")
+  if bias is not None:
+    if not isinstance(bias, dict) or not all(
+        isinstance(k, str) and k.isascii() and k.isdigit() for k in bias):
+      raise ValueError(f'{where}: "logit_bias" must be an object from token ids to biases, '
+                       'e.g. {"50256": -100}')
+    own["logit_bias"] = {int(k): v for k, v in bias.items()}
+  return own
 
 
 def _line_int(record: dict, key: str, low: int, high: int, where: str) -> int | None:
@@ -212,9 +234,9 @@ def read_prompts_file(path: str) -> list[PromptLine]:
   """The requests of a prompts file, in order: one user message per line, or, for a `.jsonl`
   file, one JSON object per line with a string "prompt" (a message with newlines in it) or
   "messages" (a conversation, checked by models.tokenizer.chat_messages) and optionally "stop"
-  (a string or a list: that answer's own stop strings), "max_new_tokens" and "seed" (that
-  answer's own); any other key is refused (a misspelt "stops" would otherwise be dropped without
-  a word). Trailing blank lines
+  (a string or a list: that answer's own stop strings), "max_new_tokens", "seed" and the
+  sampling settings of SAMPLING_RECORD_KEYS (that answer's own); any other key is refused (a
+  misspelt "stops" would otherwise be dropped without a word). Trailing blank lines
   are dropped; a blank line or message between prompts is refused, as a hole in the file is
   likelier a mistake than a prompt."""
   import json
@@ -252,7 +274,8 @@ def read_prompts_file(path: str) -> list[PromptLine]:
                          f"{', '.join(map(repr, sorted(PROMPT_RECORD_KEYS)))}")
       stop = _line_stop(record, where)
       own = dict(max_new_tokens=_line_int(record, "max_new_tokens", 1, 2**31 - 1, where),
-                 seed=_line_int(record, "seed", 0, 2**32 - 1, where))
+                 seed=_line_int(record, "seed", 0, 2**32 - 1, where),
+                 sampling=_line_sampling(record, where))
       if "messages" in record:
         if not isinstance(record["messages"], list) or not record["messages"]:
           raise ValueError(f'{where}: "messages" must be a non-empty list of {{"role", '

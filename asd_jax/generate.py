@@ -24,6 +24,7 @@ benchmarks ran it at on this backend (models/drafter_setup.BENCHMARKED_K), any o
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -66,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
   src.add_argument("--prompts-file", help="user messages, one per line (or a .jsonl file of "
                    '{"prompt": ..., "stop": [...]} objects, or {"messages": [{"role": ..., '
                    '"content": ...}, ...]} for a conversation; optional: "stop", that answer\'s '
-                   'stop strings, added to --stop\'s, and its own "max_new_tokens" and "seed"); '
+                   'stop strings, added to --stop\'s, and its own "max_new_tokens", "seed" and '
+                   'sampling settings, e.g. "temperature", "min_tokens", "logit_bias"); '
                    "the chat template is applied to each")
   p.add_argument("--system", metavar="TEXT", help="system message placed before each prompt "
                  "(replaces the chat template's default one, e.g. SmolLM2's)")
@@ -90,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--frequency-penalty", type=float, default=0.0,
                  help="0 = off; in [-2, 2]: times the number of times a token is already in "
                  "the answer, subtracted from its logit")
+  p.add_argument("--min-tokens", type=int, default=0,
+                 help="0 = off; no EOS (nor stop string) ends an answer before it has this many "
+                 "tokens")
+  p.add_argument("--logit-bias", action="append", metavar="ID=BIAS",
+                 help="add BIAS (in [-100, 100]; -100 bans the token in practice) to token ID's "
+                 "logit, in greedy decoding too (repeatable)")
   p.add_argument("--seed", type=int, default=0,
                  help="sampling seed; with --prompts-file, prompt i (from 0) samples with seed "
                  "+ i, so each answer is the one it gets alone with that seed, in any batch")
@@ -170,10 +178,51 @@ def parse_stop(values: list[str] | None) -> tuple[str, ...]:
   return strings
 
 
-def finish_reason(tokens: list[int], raw_text: str, eos, stop, nonfinite: bool) -> str:
-  """Why an answer ended: stop (one of its stop strings), eos, nonfinite (NaN/inf logits) or
-  length."""
-  if stop is not None and stop.find(raw_text) is not None:
+def parse_logit_bias(values: list[str] | None) -> dict[int, float]:
+  """--logit-bias ID=BIAS values as {id: bias} (SamplingConfig checks the ranges)."""
+  bias = {}
+  for value in values or ():
+    token, sep, amount = value.partition("=")
+    try:
+      token, amount = int(token), float(amount)
+    except ValueError:
+      raise ValueError(f"--logit-bias takes ID=BIAS, e.g. 2=-100, got {value!r}") from None
+    if not sep:
+      raise ValueError(f"--logit-bias takes ID=BIAS, e.g. 2=-100, got {value!r}")
+    if token in bias:
+      raise ValueError(f"--logit-bias names token {token} twice")
+    bias[token] = amount
+  return bias
+
+
+def line_samplings(base: SamplingConfig, lines, path: str) -> list[SamplingConfig]:
+  """Each prompts-file line's SamplingConfig: the flags' with the line's own fields in place of
+  theirs; a bad value names its line."""
+  samplings = []
+  for number, line in enumerate(lines, 1):
+    try:
+      samplings.append(dataclasses.replace(base, **line.sampling))
+    except ValueError as e:
+      raise ValueError(f"--prompts-file {path}: line {number}: {e}") from None
+  return samplings
+
+
+def batches_by_sampling(samplings: list[SamplingConfig], batch_size: int) -> list[list[int]]:
+  """The rows of each decode call: a call decodes under one SamplingConfig, so rows are grouped
+  by theirs (groups in order of first appearance, rows in file order), batch_size at a time. A
+  row's answer does not depend on its batch, so this changes no answer."""
+  groups: dict[SamplingConfig, list[int]] = {}
+  for i, sampling in enumerate(samplings):
+    groups.setdefault(sampling, []).append(i)
+  return [rows[start:start + batch_size] for rows in groups.values()
+          for start in range(0, len(rows), batch_size)]
+
+
+def finish_reason(tokens: list[int], raw_text: str, eos, stop, nonfinite: bool,
+                  stop_after: int = 0) -> str:
+  """Why an answer ended: stop (one of its stop strings, ending past its first stop_after
+  characters: StopStrings.min_tokens_chars), eos, nonfinite (NaN/inf logits) or length."""
+  if stop is not None and stop.find(raw_text, stop_after) is not None:
     return "stop"
   if tokens and tokens[-1] in eos:
     return "eos"
@@ -223,7 +272,9 @@ def main(argv=None):
   sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             min_p=args.min_p, repetition_penalty=args.repetition_penalty,
                             presence_penalty=args.presence_penalty,
-                            frequency_penalty=args.frequency_penalty)
+                            frequency_penalty=args.frequency_penalty,
+                            min_tokens=args.min_tokens,
+                            logit_bias=parse_logit_bias(args.logit_bias))
   check_positive_flags(args, "max_new_tokens")
   if args.prompt is not None and not args.prompt.strip():
     raise ValueError("empty prompt: --prompt is blank")
@@ -288,12 +339,24 @@ def main(argv=None):
   max_new = ([args.max_new_tokens] if lines is None else
              [line.max_new_tokens or args.max_new_tokens for line in lines])
   longest_answer = max(max_new)
+  # Each answer's sampling settings: the flags', or a .jsonl line's own in place of them.
+  samplings = [sampling] if lines is None else line_samplings(sampling, lines, args.prompts_file)
+  for i, (own, n) in enumerate(zip(samplings, max_new)):
+    where = "" if lines is None else f"--prompts-file {args.prompts_file}: line {i + 1}: "
+    if own.min_tokens > n:
+      raise ValueError(f"{where}min_tokens ({own.min_tokens}) is more than max_new_tokens ({n}): "
+                       "no answer could have that many tokens")
+    if args.draft is not None and (args.rule or "strict") in ("strict", "asd") and not own.greedy:
+      raise ValueError(f"{where}--rule {args.rule or 'strict'} is greedy verification; "
+                       f"temperature {own.temperature} needs --rule sample (or temperature 0)")
   from models.registry import peek_vocab_size
   vocab_size = peek_vocab_size(args.target)  # refuses an empty or unknown --target too
   if vocab_size is not None:  # the decode checks these again; here they cost no model load
     if ids is not None:
       check_prompts(np.array([ids]), np.array([len(ids)]), vocab_size)
     check_logprobs_request(args.logprobs, args.top_logprobs, vocab_size)
+    for own in set(samplings):
+      own.penalties(vocab_size)  # a logit_bias id past the vocabulary
   enable_compilation_cache()
 
   from models.load import load_decoder
@@ -318,12 +381,13 @@ def main(argv=None):
       tuple(dict.fromkeys(stop_strings + line.stop)) for line in lines]
   stop_sets = {s: StopStrings.from_tokenizer(tokenizer, s) for s in set(wanted) if s}
   row_stop = [stop_sets.get(s) for s in wanted]
-  stream = text_stream(tokenizer, stop=row_stop[0]) if args.stream else None
+  stream = (text_stream(tokenizer, stop=row_stop[0], min_tokens=sampling.min_tokens)
+            if args.stream else None)
 
   if args.draft is None:
     stats = {"mode": "plain"}
 
-    def decode(prompt, lengths, stop, seeds, max_new_B):
+    def decode(prompt, lengths, stop, seeds, max_new_B, sampling):
       return plain_decode(fns, params, prompt, lengths, max_new_tokens=longest_answer,
                           max_new_B=max_new_B, eos_ids=eos, sampling=sampling, seed=seeds,
                           stream=stream,
@@ -341,7 +405,7 @@ def main(argv=None):
                              "gate": asd_config.gate, "max_exceptions": asd_config.max_exceptions,
                              "normalize_q": asd_config.normalize_q}
 
-    def decode(prompt, lengths, stop, seeds, max_new_B):
+    def decode(prompt, lengths, stop, seeds, max_new_B, sampling):
       return setup.decode(setup.target_fns, setup.target_params, setup.drafter, setup.params,
                           prompt, lengths, max_new_tokens=longest_answer,
                           max_new_B=max_new_B, rule=rule,
@@ -349,39 +413,45 @@ def main(argv=None):
                           seed=seeds, stream=stream, stop=stop, logprobs=args.logprobs,
                           top_logprobs=args.top_logprobs)
 
-  answers, results = [], []
+  answers, results = [None] * len(rows), []
   t0 = time.perf_counter()
-  for start in range(0, len(rows), batch_size):
-    prompt, lengths = right_pad(rows[start:start + batch_size])
-    batch_stop = row_stop[start:start + batch_size]
+  batches = batches_by_sampling(samplings, batch_size)
+  for batch in batches:
+    prompt, lengths = right_pad([rows[i] for i in batch])
+    batch_stop = [row_stop[i] for i in batch]
     # Prompt i samples with its own seed whatever its batch: one seed for the whole batch would
     # give each row the stream of its place in the batch, so the answers would change with
     # --batch-size and prompts at the same place in different batches would draw alike.
-    batch = slice(start, start + len(batch_stop))
-    result = jax.block_until_ready(decode(prompt, lengths, batch_stop, np.array(seeds[batch]),
-                                          np.array(max_new[batch], np.int32)))
+    own = samplings[batch[0]]
+    result = jax.block_until_ready(decode(prompt, lengths, batch_stop,
+                                          np.array([seeds[i] for i in batch]),
+                                          np.array([max_new[i] for i in batch], np.int32), own))
     results.append(result)
-    for b, stop in enumerate(batch_stop):
+    for b, (i, stop) in enumerate(zip(batch, batch_stop)):
       n = int(result.num_generated_B[b])
       tokens = np.asarray(result.tokens_BxN[b, :n]).tolist()
       text = tokenizer.decode(tokens, skip_special_tokens=True)
       nonfinite = bool(result.nonfinite_B[b])
-      answers.append({"tokens": tokens, "text": text if stop is None else stop.cut(text),
-                      "finish_reason": finish_reason(tokens, text, eos, stop, nonfinite),
-                      "nonfinite_logits": nonfinite})
+      stop_after = 0 if stop is None else stop.min_tokens_chars(tokens, own.min_tokens)
+      answer = {"tokens": tokens, "text": text if stop is None else stop.cut(text, stop_after),
+                "finish_reason": finish_reason(tokens, text, eos, stop, nonfinite, stop_after),
+                "nonfinite_logits": nonfinite}
       if args.logprobs:
-        answers[-1]["logprobs"] = json_logprobs(result.logprobs_BxN[b, :n])
+        answer["logprobs"] = json_logprobs(result.logprobs_BxN[b, :n])
       if args.top_logprobs:
-        answers[-1]["top_logprobs"] = top_candidates(
+        answer["top_logprobs"] = top_candidates(
             tokenizer, result.top_token_ids_BxNxL[b, :n], result.top_logprobs_BxNxL[b, :n])
+      answers[i] = answer
   wall_s = time.perf_counter() - t0  # includes compilation unless the persistent cache had it
+  # The results hold the rows in the batches' order; row i is at place[i] there.
+  place = np.argsort(np.concatenate(batches), kind="stable")
   if args.draft is None:
-    forwards = np.concatenate([np.asarray(r.target_forwards_B) for r in results])
+    forwards = np.concatenate([np.asarray(r.target_forwards_B) for r in results])[place]
     stats.update(target_forwards=int(forwards.sum()), tau=1.0)
     per_row = [{"target_forwards": int(f)} for f in forwards]
   else:
     # One DecodeStats over every row: its summary pools the rounds of all batches.
-    pooled = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]),
+    pooled = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs])[place],
                           *[r.stats for r in results])
     summary = pooled.summary()
     stats.update({key: summary[key] for key in ("rounds", "tau", "accepted_per_position")})

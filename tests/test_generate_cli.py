@@ -59,6 +59,17 @@ from tests.test_bench_cli import tiny_target  # noqa: F401  (module fixture)
      "tokens beside each token's own log-probability; pass --logprobs (and --json)"),
     (["--prompt", "hi", "--json", "--logprobs", "--top-logprobs", "-1"],
      "--top-logprobs must be >= 0, got -1"),
+    (["--prompt", "hi", "--min-tokens", "-1"], "min_tokens must be an integer >= 0"),
+    (["--prompt", "hi", "--min-tokens", "9", "--max-new-tokens", "8"],
+     "min_tokens (9) is more than max_new_tokens (8)"),
+    (["--prompt", "hi", "--logit-bias", "5"], "--logit-bias takes ID=BIAS, e.g. 2=-100, got '5'"),
+    (["--prompt", "hi", "--logit-bias", "x=1"], "--logit-bias takes ID=BIAS"),
+    (["--prompt", "hi", "--logit-bias", "5=1", "--logit-bias", "5=2"],
+     "--logit-bias names token 5 twice"),
+    (["--prompt", "hi", "--logit-bias", "5=-200"],
+     "logit_bias: the bias of token 5 must be a number in [-100, 100], got -200.0"),
+    (["--prompt", "hi", "--draft", "ngram", "--temperature", "1"],
+     "--rule strict is greedy verification; temperature 1.0 needs --rule sample"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
   with pytest.raises(SystemExit) as e:
@@ -206,7 +217,22 @@ def test_asd_settings_from_the_preset_and_k_from_the_drafter(tiny_target, capsys
     ("stops.jsonl", '{"prompt": "a", "stop": ["x", ""]}\n', 'line 1: an empty "stop" string'),
     ("typo.jsonl", '{"prompt": "a"}\n{"prompt": "b", "stops": ["x"]}\n',
      "line 2 has key(s) 'stops', which a request does not take; the keys are "
-     "'max_new_tokens', 'messages', 'prompt', 'seed', 'stop'"),
+     "'frequency_penalty', 'logit_bias', 'max_new_tokens', 'messages', 'min_p', 'min_tokens', "
+     "'presence_penalty', 'prompt', 'repetition_penalty', 'seed', 'stop', 'temperature', "
+     "'top_k', 'top_p'"),
+    ("bias.jsonl", '{"prompt": "a", "logit_bias": {"x": 1}}\n',
+     'line 1: "logit_bias" must be an object from token ids to biases'),
+    ("biasrange.jsonl", '{"prompt": "a"}\n{"prompt": "b", "logit_bias": {"5": -101}}\n',
+     "line 2: logit_bias: the bias of token 5 must be a number in [-100, 100], got -101"),
+    ("temperature.jsonl", '{"prompt": "a", "temperature": -1}\n', "line 1: temperature"),
+    ("greedytop.jsonl", '{"prompt": "a", "top_p": 0.5}\n',
+     "line 1: top_p=0.5 filters sampling, but temperature 0 is greedy"),
+    ("mintokens.jsonl", '{"prompt": "a", "min_tokens": 129}\n',
+     "line 1: min_tokens (129) is more than max_new_tokens (128)"),
+    ("ownmax.jsonl", '{"prompt": "a", "min_tokens": 5, "max_new_tokens": 4}\n',
+     "line 1: min_tokens (5) is more than max_new_tokens (4)"),
+    ("penalty.jsonl", '{"prompt": "a", "repetition_penalty": 0}\n',
+     "line 1: repetition_penalty must be a finite number > 0"),
     ("both.jsonl", '{"prompt": "a", "messages": [{"role": "user", "content": "a"}]}\n',
      'line 1 must be an object with a string "prompt" or a list of "messages"'),
     ("listprompt.jsonl", '{"prompt": [{"role": "user", "content": "a"}]}\n',
@@ -314,6 +340,8 @@ def test_a_conversation_or_system_message_reaches_the_template(tiny_target, tmp_
      "token id 96 at row 0, position 1 is outside the vocabulary [0, 96)"),
     (["--prompt-ids", "3", "--json", "--logprobs", "--top-logprobs", "97"],
      "top_logprobs 97 is more than the vocabulary's 96 tokens"),
+    (["--prompt-ids", "3", "--logit-bias", "96=-100"],
+     "logit_bias names token id(s) [96] outside the vocabulary [0, 96)"),
 ])
 def test_a_request_past_the_vocabulary_is_refused_before_the_model_loads(flags, message,
                                                                           tmp_path, capsys):
@@ -428,6 +456,51 @@ def test_a_line_can_set_its_own_max_new_tokens_and_seed(tiny_target, tmp_path,  
     main([*common, "--prompts-file", str(tmp_path / "long.jsonl")])
   err = capsys.readouterr().err
   assert "prompt(s) on line(s) 2 (up to" in err and "+ max_new_tokens (up to 5000) exceed" in err
+
+
+def test_a_line_can_set_its_own_sampling(tiny_target, tmp_path, capsys):  # noqa: F811
+  """A .jsonl line's sampling fields replace the flags' for that answer: each answer is the one
+  its prompt gets alone with those values as flags, at any batch size (a decode call runs one
+  SamplingConfig, so rows are grouped by theirs and put back in file order)."""
+  import json
+  lines = [{"prompt": "write a python function", "temperature": 1, "top_k": 20, "seed": 3},
+           {"prompt": "the list of numbers", "repetition_penalty": 1.5},
+           {"prompt": "return the list", "logit_bias": {"7": 5, "9": -3}},
+           {"prompt": "write a python function"},
+           {"prompt": "a", "min_tokens": 7, "frequency_penalty": 0.5}]
+  flags = [["--temperature", "1", "--top-k", "20", "--seed", "3"],
+           ["--repetition-penalty", "1.5"], ["--logit-bias", "7=5", "--logit-bias", "9=-3"],
+           [], ["--min-tokens", "7", "--frequency-penalty", "0.5"]]
+  (tmp_path / "q.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+  common = ["--target", str(tiny_target), "--max-new-tokens", "8", "--json"]
+
+  def run(*more):
+    main([*common, *more])
+    return json.loads(capsys.readouterr().out)
+
+  for draft in ([], ["--draft", "ngram", "--k", "3", "--rule", "sample"]):
+    alone = [run("--prompt", line["prompt"], *own, *draft) for line, own in zip(lines, flags)]
+    alone_tokens = [a["tokens"] for a in alone]
+    # The settings matter: without them lines 1 and 4 (the same prompt) would agree, and
+    # line 3's bias moves the greedy answer.
+    assert alone_tokens[0] != alone_tokens[3]
+    assert alone_tokens[2] != run("--prompt", lines[2]["prompt"], *draft)["tokens"]
+    for batch in ("1", "2", "5"):
+      out = run("--prompts-file", str(tmp_path / "q.jsonl"), "--batch-size", batch, *draft)
+      assert [a["tokens"] for a in out["answers"]] == alone_tokens, (draft, batch)
+      assert [a["prompt"] for a in out["answers"]] == [line["prompt"] for line in lines]
+      if draft:
+        assert [a["rounds"] for a in out["answers"]] == [a["stats"]["rounds"] for a in alone]
+  assert len(alone_tokens[4]) >= 7
+
+
+def test_rows_are_batched_by_their_sampling_settings():
+  from asd_jax.generate import batches_by_sampling
+  from asd_jax.sampling import SamplingConfig
+  greedy, hot = SamplingConfig(), SamplingConfig(temperature=1.0)
+  samplings = [greedy, hot, greedy, SamplingConfig(), hot, greedy]  # equal configs group
+  assert batches_by_sampling(samplings, 2) == [[0, 2], [3, 5], [1, 4]]
+  assert batches_by_sampling(samplings, 8) == [[0, 2, 3, 5], [1, 4]]
 
 
 def test_a_prompt_too_long_in_a_file_is_named_before_any_batch(tiny_target, tmp_path,  # noqa: F811

@@ -249,3 +249,34 @@ def test_a_text_stream_with_stop_strings_prints_exactly_the_answer():
     final = stop.cut(ByteTokenizer().decode(tokens))
     stream.on_tokens.finish(final)
     assert out.getvalue() == final == ("one\ntwo" if cut_by_stop else "one\ntwo\n")
+
+
+def test_min_tokens_skips_the_stop_strings_that_end_before_it():
+  """With min_tokens m a stop string counts only when the token completing it is the m-th or
+  later (vLLM's rule); the host check, the cut text and a stream agree on which one ends it."""
+  import io
+
+  from asd_jax.cli_common import text_stream
+
+  class ByteTokenizer:
+    def decode(self, ids, skip_special_tokens=True):
+      return _bytes_decode(ids)
+
+  tokens = list(b"ab\n\ncd\n\nef")
+  stop = StopStrings.from_tokenizer(ByteTokenizer(), ["\n\n"])
+  for min_tokens, n in ((0, 4), (4, 4), (5, 8), (9, None)):
+    # Checked all at once and one token at a time (the window's margin must not revive the
+    # early one).
+    assert stop.first_stop(tokens, 0, min_tokens) == n, min_tokens
+    ends = [i for i in range(len(tokens)) if stop.first_stop(tokens[:i + 1], i, min_tokens)]
+    assert ends[:1] == ([] if n is None else [n - 1]), min_tokens
+    answer = tokens[:n or len(tokens)]
+    shown = stop.cut(_bytes_decode(answer), stop.min_tokens_chars(answer, min_tokens))
+    assert shown == {4: "ab", 8: "ab\n\ncd", None: "ab\n\ncd\n\nef"}[n]
+    out = io.StringIO()
+    stream = text_stream(ByteTokenizer(), out=out, stop=stop, min_tokens=min_tokens)
+    for t in answer:
+      stream.on_tokens(0, [t])
+      assert shown.startswith(out.getvalue())
+    stream.on_tokens.finish(shown)
+    assert out.getvalue() == shown
