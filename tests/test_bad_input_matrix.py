@@ -236,6 +236,16 @@ API = [
         DRAFT, LOGITS, SPENT, temperature=1e39), ValueError, "outside float32's normal range"),
     ("decode: greedy rule with temperature", decode(sampling=SamplingConfig(temperature=1.0)),
      ValueError, "rule='sample'"),
+    ("SamplingConfig: min_tokens < 0", lambda: SamplingConfig(min_tokens=-1), ValueError,
+     "min_tokens must be an integer >= 0"),
+    ("SamplingConfig: logit_bias past 100", lambda: SamplingConfig(logit_bias={1: 101.0}),
+     ValueError, "[-100, 100]"),
+    ("SamplingConfig: logit_bias nan", lambda: SamplingConfig(logit_bias={1: math.nan}),
+     ValueError, "[-100, 100]"),
+    ("decode: logit_bias id past the vocabulary", decode(
+        sampling=SamplingConfig(logit_bias={V: -1.0})), ValueError, "outside the vocabulary"),
+    ("tree decode: min_tokens past max_new_tokens", tree_decode(
+        sampling=SamplingConfig(min_tokens=99)), ValueError, "is more than max_new_tokens"),
     # --- custom models and drafters that break their contract (named at trace time) ---------
     # a head wider than the declared vocabulary emitted ids past it
     ("plain: logits wider than vocab_size", lambda: plain_decode(
