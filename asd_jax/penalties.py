@@ -186,10 +186,11 @@ def add_output(counts: TokenCounts | None, tokens_BxJ, keep_BxJ) -> TokenCounts 
 
 @flax.struct.dataclass
 class DraftPenalty:
-  """What a drafter that drafts under the penalties reads (ChainDrafter.takes_penalty): the
-  committed output's counts and the request's settings. A drafter that picks what the target
-  picks then still does under a penalty (the target drafting for itself accepts every draft,
-  tests/test_penalties.py); a distilled one gained little (scripts/penalty_tau.py)."""
+  """What a drafter that drafts under the request's logit edits reads
+  (ChainDrafter.takes_penalty): the committed output's counts and the request's settings. A
+  drafter that picks what the target picks then still does under them (the target drafting for
+  itself accepts every draft, tests/test_penalties.py, test_min_tokens_logit_bias.py); a
+  distilled one gained little from drafting under a penalty (scripts/penalty_tau.py)."""
 
   counts: TokenCounts
   penalties: Penalties

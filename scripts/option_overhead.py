@@ -1,4 +1,5 @@
-"""What an output option costs the decode loop: stop strings, a token stream, or logprobs.
+"""What an option costs the decode loop: stop strings, a token stream, logprobs, or the logit
+edits min_tokens and logit_bias.
 
   python scripts/option_overhead.py --option stop --json docs/bench/option_overhead_stop_cpu.json
   python scripts/option_overhead.py --option logprobs --json out/option_overhead_logprobs.json
@@ -12,6 +13,9 @@ is decoded with and without the option, EOS ignored, `--max-new-tokens` each:
 - stream: a TokenStream whose callback does nothing; the same callback round trip.
 - logprobs: logprobs=True; a log-softmax over the vocabulary per committed position.
 - top-logprobs: logprobs=True, top_logprobs=5; also a top-5 over the vocabulary per position.
+- min-tokens-bias: min_tokens = --max-new-tokens, holding back an "EOS" (the vocabulary's
+  second-to-last id, which the answers never choose), and a logit_bias of -100 on its last id:
+  the bias added and the EOS masked at every position, which change no choice here.
 The two runs of an engine alternate prompt by prompt (`--passes` times over the prompts), so
 both see the same background load; the table gives tokens per second, the ratio, and the added
 milliseconds per decode step (plain: per token; speculative: per verification round). The
@@ -34,6 +38,7 @@ import jax  # noqa: E402
 from asd_jax.bench_prompts import load_prompts  # noqa: E402
 from asd_jax.cli_common import right_pad  # noqa: E402
 from asd_jax.plain_decode import plain_decode  # noqa: E402
+from asd_jax.sampling import SamplingConfig  # noqa: E402
 from asd_jax.stop_strings import StopStrings  # noqa: E402
 from asd_jax.token_stream import TokenStream  # noqa: E402
 from models.drafter_setup import default_k, setup_drafter  # noqa: E402
@@ -41,7 +46,7 @@ from models.lm_fns import decoder_fns  # noqa: E402
 from models.load import load_decoder  # noqa: E402
 from models.tokenizer import check_tokenizer_fits, encode_chat, load_tokenizer  # noqa: E402
 
-OPTIONS = ("stop", "stop-ungated", "stream", "logprobs", "top-logprobs")
+OPTIONS = ("stop", "stop-ungated", "stream", "logprobs", "top-logprobs", "min-tokens-bias")
 
 
 def engine_calls(args, loaded):
@@ -49,8 +54,9 @@ def engine_calls(args, loaded):
   fns, params = decoder_fns(loaded.model, name=args.target)
 
   def plain(prompt, lengths, **option):
+    option = {"eos_ids": (), **option}
     out = jax.device_get(plain_decode(fns, params, prompt, lengths,
-                                      max_new_tokens=args.max_new_tokens, eos_ids=(), **option))
+                                      max_new_tokens=args.max_new_tokens, **option))
     tokens = out.tokens_BxN[0, :out.num_generated_B[0]].tolist()
     return tokens, len(tokens)
 
@@ -58,16 +64,22 @@ def engine_calls(args, loaded):
   setup = setup_drafter(args.draft, loaded, k=k, tree=None, target_name=args.target)
 
   def speculative(prompt, lengths, **option):
+    option = {"eos_ids": (), **option}
     out = jax.device_get(setup.decode(setup.target_fns, setup.target_params, setup.drafter,
                                       setup.params, prompt, lengths,
                                       max_new_tokens=args.max_new_tokens, rule="strict",
-                                      eos_ids=(), **option))
+                                      **option))
     return out.tokens_BxN[0, :out.num_generated_B[0]].tolist(), int(out.stats.rounds_B[0])
 
   return {"plain": plain, f"{args.draft} K={k} strict": speculative}
 
 
-def option_kwargs(name: str, tokenizer, stop_text: str) -> dict:
+def option_kwargs(name: str, tokenizer, stop_text: str, vocab_size: int,
+                  max_new_tokens: int) -> dict:
+  if name == "min-tokens-bias":
+    return {"sampling": SamplingConfig(min_tokens=max_new_tokens,
+                                       logit_bias={vocab_size - 1: -100.0}),
+            "eos_ids": (vocab_size - 2,)}
   if name == "stop":
     return {"stop": StopStrings.from_tokenizer(tokenizer, (stop_text,))}
   if name == "stop-ungated":
@@ -103,7 +115,8 @@ def main(argv=None) -> int:
   tokenizer = load_tokenizer(args.target)
   loaded = load_decoder(args.target)
   check_tokenizer_fits(tokenizer, loaded.cfg.vocab_size, args.target)
-  option = option_kwargs(args.option, tokenizer, args.stop)
+  option = option_kwargs(args.option, tokenizer, args.stop, loaded.cfg.vocab_size,
+                         args.max_new_tokens)
   rows = [right_pad([encode_chat(tokenizer, q.text)])
           for q in load_prompts(("mt_bench",), args.prompts)]
   calls = engine_calls(args, loaded)

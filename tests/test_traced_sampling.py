@@ -1,7 +1,7 @@
 """Sampling settings are traced in the decode loops: a request at another temperature, top-k,
-top-p, min-p or penalty reuses the compiled program (a server would otherwise compile the whole
-loop, model included, for every new setting); only which filters are on, and whether any
-penalty is, changes the program."""
+top-p, min-p, penalty, min_tokens or logit bias reuses the compiled program (a server would
+otherwise compile the whole loop, model included, for every new setting); only which filters are
+on, and whether any penalty, min_tokens or bias is, changes the program."""
 
 import jax
 import numpy as np
@@ -36,12 +36,14 @@ class _Compilations:
 _COMPILATIONS = _Compilations()
 
 _ENGINES = {
-    "plain": lambda s: plain_decode(_FNS, _PARAMS, _PROMPT, _LENGTHS, max_new_tokens=12,
-                                    sampling=s, seed=7),
-    "chain": lambda s: asd_decode(_FNS, _PARAMS, _CHAIN, _DRAFT_PARAMS, _PROMPT, _LENGTHS,
-                                  max_new_tokens=12, rule="sample", sampling=s, seed=7),
-    "tree": lambda s: asd_tree_decode(_FNS, _PARAMS, _TREE, _DRAFT_PARAMS, _PROMPT, _LENGTHS,
-                                      max_new_tokens=12, rule="sample", sampling=s, seed=7),
+    "plain": lambda s, **kw: plain_decode(_FNS, _PARAMS, _PROMPT, _LENGTHS, max_new_tokens=12,
+                                          sampling=s, seed=7, **kw),
+    "chain": lambda s, **kw: asd_decode(_FNS, _PARAMS, _CHAIN, _DRAFT_PARAMS, _PROMPT, _LENGTHS,
+                                        max_new_tokens=12, rule="sample", sampling=s, seed=7,
+                                        **kw),
+    "tree": lambda s, **kw: asd_tree_decode(_FNS, _PARAMS, _TREE, _DRAFT_PARAMS, _PROMPT,
+                                            _LENGTHS, max_new_tokens=12, rule="sample",
+                                            sampling=s, seed=7, **kw),
 }
 
 
@@ -87,3 +89,24 @@ def test_other_penalty_values_reuse_the_compiled_loop(engine):
   off = np.asarray(decode(SamplingConfig(0.7)).tokens_BxN)
   assert _COMPILATIONS.count > before  # the control: penalties off is its own program
   np.testing.assert_array_equal(run(1.0, 0.0, 1e-30), off)
+
+
+@pytest.mark.parametrize("engine", sorted(_ENGINES))
+def test_other_min_tokens_and_logit_bias_values_reuse_the_compiled_loop(engine):
+  decode = _ENGINES[engine]
+  eos = (3, 8)
+
+  def run(min_tokens, bias):
+    out = decode(SamplingConfig(0.7, min_tokens=min_tokens, logit_bias=bias), eos_ids=eos)
+    return np.asarray(out.tokens_BxN)
+
+  first = run(4, {1: 2.0, 5: -3.0})
+  before = _COMPILATIONS.count
+  others = [run(m, bias) for m, bias in ((2, {7: 5.0}), (12, {1: -100.0, 2: 100.0}))]
+  again = run(4, {1: 2.0, 5: -3.0})
+  assert _COMPILATIONS.count == before
+  np.testing.assert_array_equal(again, first)
+  # The values reach the program: a +100 bias makes token 2 every token.
+  assert (others[1] == 2).all() and not np.array_equal(others[0], first)
+  decode(SamplingConfig(0.7, logit_bias={1: 2.0}), eos_ids=eos)  # min_tokens off
+  assert _COMPILATIONS.count > before  # the control: another program
