@@ -148,21 +148,22 @@ def attach_dash_values(argv: list[str], flags: tuple[str, ...]) -> list[str]:
   return out
 
 
-def parse_prompt_ids(text: str) -> list[int]:
+def parse_prompt_ids(text: str, flag: str = "--prompt-ids") -> list[int]:
+  """Comma-separated token ids (--prompt-ids, --stop-token-ids)."""
   if not text.strip():
-    raise ValueError("empty prompt: --prompt-ids has no ids")
-  fields = split_list_flag(text, "--prompt-ids")
+    raise ValueError(f"{'empty prompt: ' if flag == '--prompt-ids' else ''}{flag} has no ids")
+  fields = split_list_flag(text, flag)
   # int() of a field with a space inside fails, so '1 2,3' is refused rather than read as [12, 3].
   try:
     ids = [int(x) for x in fields]
   except ValueError:
-    raise ValueError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+    raise ValueError(f"{flag} must be comma-separated integers, got {text!r}") from None
   # The vocabulary check comes later (it needs the model's config); a negative id, or one past int32
   # (prompts are int32 arrays: NumPy would fail first, with a traceback), is outside any
   # vocabulary, so it is refused before a model is loaded.
   outside = [i for i in ids if not 0 <= i < 2**31]
   if outside:
-    raise ValueError(f"--prompt-ids: token id {outside[0]} is outside any vocabulary")
+    raise ValueError(f"{flag}: token id {outside[0]} is outside any vocabulary")
   return ids
 
 
@@ -177,6 +178,8 @@ class PromptLine:
   seed: int | None = None  # a .jsonl line's own sampling seed; None: --seed + its index
   # a .jsonl line's own SamplingConfig fields (SAMPLING_RECORD_KEYS), in place of the flags'
   sampling: dict = dataclasses.field(default_factory=dict)
+  stop_token_ids: tuple[int, ...] = ()  # a .jsonl line's own, added to --stop-token-ids'
+  ignore_eos: bool | None = None  # a .jsonl line's own; None: --ignore-eos
 
   def shown(self) -> str:
     """What a text listing shows for the request: the message, or a conversation's last one."""
@@ -201,7 +204,23 @@ SAMPLING_RECORD_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_pe
                         "presence_penalty", "frequency_penalty", "min_tokens", "logit_bias")
 # A .jsonl line's keys (vLLM's and OpenAI's request fields where they have one).
 PROMPT_RECORD_KEYS = frozenset({"prompt", "messages", "stop", "max_new_tokens", "seed",
-                                *SAMPLING_RECORD_KEYS})
+                                "stop_token_ids", "ignore_eos", *SAMPLING_RECORD_KEYS})
+
+
+def _line_stop_token_ids(record: dict, where: str) -> tuple[int, ...]:
+  """A .jsonl line's optional "stop_token_ids": a list of token ids (vLLM's field)."""
+  ids = record.get("stop_token_ids", [])
+  if not isinstance(ids, list) or not all(
+      isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 2**31 for i in ids):
+    raise ValueError(f'{where}: "stop_token_ids" must be a list of token ids, got {ids!r}')
+  return tuple(ids)
+
+
+def _line_bool(record: dict, key: str, where: str) -> bool | None:
+  value = record.get(key)
+  if value is not None and not isinstance(value, bool):
+    raise ValueError(f'{where}: "{key}" must be true or false, got {value!r}')
+  return value
 
 
 def _line_sampling(record: dict, where: str) -> dict:
@@ -234,8 +253,9 @@ def read_prompts_file(path: str) -> list[PromptLine]:
   """The requests of a prompts file, in order: one user message per line, or, for a `.jsonl`
   file, one JSON object per line with a string "prompt" (a message with newlines in it) or
   "messages" (a conversation, checked by models.tokenizer.chat_messages) and optionally "stop"
-  (a string or a list: that answer's own stop strings), "max_new_tokens", "seed" and the
-  sampling settings of SAMPLING_RECORD_KEYS (that answer's own); any other key is refused (a
+  (a string or a list: that answer's own stop strings), "stop_token_ids" (its own, added to
+  the flag's), "max_new_tokens", "seed", "ignore_eos" and the sampling settings of
+  SAMPLING_RECORD_KEYS (that answer's own); any other key is refused (a
   misspelt "stops" would otherwise be dropped without a word). Trailing blank lines
   are dropped; a blank line or message between prompts is refused, as a hole in the file is
   likelier a mistake than a prompt."""
@@ -275,7 +295,9 @@ def read_prompts_file(path: str) -> list[PromptLine]:
       stop = _line_stop(record, where)
       own = dict(max_new_tokens=_line_int(record, "max_new_tokens", 1, 2**31 - 1, where),
                  seed=_line_int(record, "seed", 0, 2**32 - 1, where),
-                 sampling=_line_sampling(record, where))
+                 sampling=_line_sampling(record, where),
+                 stop_token_ids=_line_stop_token_ids(record, where),
+                 ignore_eos=_line_bool(record, "ignore_eos", where))
       if "messages" in record:
         if not isinstance(record["messages"], list) or not record["messages"]:
           raise ValueError(f'{where}: "messages" must be a non-empty list of {{"role", '

@@ -67,9 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
   src.add_argument("--prompts-file", help="user messages, one per line (or a .jsonl file of "
                    '{"prompt": ..., "stop": [...]} objects, or {"messages": [{"role": ..., '
                    '"content": ...}, ...]} for a conversation; optional: "stop", that answer\'s '
-                   'stop strings, added to --stop\'s, and its own "max_new_tokens", "seed" and '
-                   'sampling settings, e.g. "temperature", "min_tokens", "logit_bias"); '
-                   "the chat template is applied to each")
+                   'stop strings, added to --stop\'s, "stop_token_ids", added to the flag\'s, '
+                   'and its own "max_new_tokens", "seed", "ignore_eos" and sampling settings, '
+                   'e.g. "temperature", "min_tokens", "logit_bias"); the chat template is '
+                   "applied to each")
   p.add_argument("--system", metavar="TEXT", help="system message placed before each prompt "
                  "(replaces the chat template's default one, e.g. SmolLM2's)")
   p.add_argument("--batch-size", type=int,
@@ -102,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
                  help="sampling seed; with --prompts-file, prompt i (from 0) samples with seed "
                  "+ i, so each answer is the one it gets alone with that seed, in any batch")
   p.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens")
+  p.add_argument("--stop-token-ids", metavar="IDS",
+                 help="comma-separated token ids that end an answer too, like EOS (kept in "
+                 "it; held back by --min-tokens; they stop it even with --ignore-eos)")
   p.add_argument("--stop", action="append", metavar="TEXT",
                  help="end an answer once its text contains TEXT (repeatable); the answer is "
                  "shown up to it (the tokens through the one that completes it). \\n, \\t "
@@ -207,22 +211,26 @@ def line_samplings(base: SamplingConfig, lines, path: str) -> list[SamplingConfi
   return samplings
 
 
-def batches_by_sampling(samplings: list[SamplingConfig], batch_size: int) -> list[list[int]]:
-  """The rows of each decode call: a call decodes under one SamplingConfig, so rows are grouped
-  by theirs (groups in order of first appearance, rows in file order), batch_size at a time. A
-  row's answer does not depend on its batch, so this changes no answer."""
-  groups: dict[SamplingConfig, list[int]] = {}
-  for i, sampling in enumerate(samplings):
-    groups.setdefault(sampling, []).append(i)
+def batches_by_settings(settings: list, batch_size: int) -> list[list[int]]:
+  """The rows of each decode call: a call decodes under one SamplingConfig and one set of EOS
+  ids, so rows are grouped by theirs (`settings`, one hashable per row; groups in order of first
+  appearance, rows in file order), batch_size at a time. A row's answer does not depend on its
+  batch, so this changes no answer."""
+  groups: dict[object, list[int]] = {}
+  for i, setting in enumerate(settings):
+    groups.setdefault(setting, []).append(i)
   return [rows[start:start + batch_size] for rows in groups.values()
           for start in range(0, len(rows), batch_size)]
 
 
 def finish_reason(tokens: list[int], raw_text: str, eos, stop, nonfinite: bool,
-                  stop_after: int = 0) -> str:
+                  stop_after: int = 0, stop_token_ids=()) -> str:
   """Why an answer ended: stop (one of its stop strings, ending past its first stop_after
-  characters: StopStrings.min_tokens_chars), eos, nonfinite (NaN/inf logits) or length."""
+  characters: StopStrings.min_tokens_chars, or one of its stop_token_ids), eos, nonfinite
+  (NaN/inf logits) or length."""
   if stop is not None and stop.find(raw_text, stop_after) is not None:
+    return "stop"
+  if tokens and tokens[-1] in stop_token_ids:
     return "stop"
   if tokens and tokens[-1] in eos:
     return "eos"
@@ -280,6 +288,8 @@ def main(argv=None):
     raise ValueError("empty prompt: --prompt is blank")
   # Every flag is checked before the (slow) model load, so a typo fails in milliseconds.
   ids = parse_prompt_ids(args.prompt_ids) if args.prompt_ids is not None else None
+  stop_ids = (() if args.stop_token_ids is None
+              else tuple(parse_prompt_ids(args.stop_token_ids, "--stop-token-ids")))
   stop_strings = parse_stop(args.stop)
   lines = read_prompts_file(args.prompts_file) if args.prompts_file else None
   messages = None if lines is None else [line.message for line in lines]
@@ -339,6 +349,12 @@ def main(argv=None):
   max_new = ([args.max_new_tokens] if lines is None else
              [line.max_new_tokens or args.max_new_tokens for line in lines])
   longest_answer = max(max_new)
+  # Each answer's stop token ids (--stop-token-ids', plus its .jsonl line's own) and whether it
+  # ignores EOS (a line's own "ignore_eos", else --ignore-eos).
+  row_stop_ids = [stop_ids] if lines is None else [
+      tuple(dict.fromkeys(stop_ids + line.stop_token_ids)) for line in lines]
+  row_ignore_eos = [args.ignore_eos] if lines is None else [
+      args.ignore_eos if line.ignore_eos is None else line.ignore_eos for line in lines]
   # Each answer's sampling settings: the flags', or a .jsonl line's own in place of them.
   samplings = [sampling] if lines is None else line_samplings(sampling, lines, args.prompts_file)
   for i, (own, n) in enumerate(zip(samplings, max_new)):
@@ -357,6 +373,13 @@ def main(argv=None):
     check_logprobs_request(args.logprobs, args.top_logprobs, vocab_size)
     for own in set(samplings):
       own.penalties(vocab_size)  # a logit_bias id past the vocabulary
+    for i, own_ids in enumerate(row_stop_ids):
+      outside = [t for t in own_ids if t >= vocab_size]
+      if outside:
+        where = ("--stop-token-ids" if outside[0] in stop_ids else
+                 f"--prompts-file {args.prompts_file}: line {i + 1}: stop_token_ids")
+        raise ValueError(f"{where}: token id {outside[0]} is outside the vocabulary "
+                         f"[0, {vocab_size})")
   enable_compilation_cache()
 
   from models.load import load_decoder
@@ -372,7 +395,10 @@ def main(argv=None):
     rows = [encode_chat(tokenizer, m, args.system) for m in messages]
   else:
     rows = [ids if ids is not None else encode_chat(tokenizer, args.prompt, args.system)]
-  eos = () if args.ignore_eos else eos_token_ids(tokenizer, loaded.hf_config)
+  # Each answer's ids that end it: the model's EOS unless it ignores them, and its stop ids.
+  model_eos = eos_token_ids(tokenizer, loaded.hf_config)
+  row_eos = [tuple(dict.fromkeys((() if ignore else model_eos) + own_ids))
+             for ignore, own_ids in zip(row_ignore_eos, row_stop_ids)]
   fns, params = decoder_fns(loaded.model, name=args.target)
   if messages is not None:
     check_rows_fit(rows, max_new, fns.max_positions, args.prompts_file)
@@ -387,7 +413,7 @@ def main(argv=None):
   if args.draft is None:
     stats = {"mode": "plain"}
 
-    def decode(prompt, lengths, stop, seeds, max_new_B, sampling):
+    def decode(prompt, lengths, stop, seeds, max_new_B, sampling, eos):
       return plain_decode(fns, params, prompt, lengths, max_new_tokens=longest_answer,
                           max_new_B=max_new_B, eos_ids=eos, sampling=sampling, seed=seeds,
                           stream=stream,
@@ -405,7 +431,7 @@ def main(argv=None):
                              "gate": asd_config.gate, "max_exceptions": asd_config.max_exceptions,
                              "normalize_q": asd_config.normalize_q}
 
-    def decode(prompt, lengths, stop, seeds, max_new_B, sampling):
+    def decode(prompt, lengths, stop, seeds, max_new_B, sampling, eos):
       return setup.decode(setup.target_fns, setup.target_params, setup.drafter, setup.params,
                           prompt, lengths, max_new_tokens=longest_answer,
                           max_new_B=max_new_B, rule=rule,
@@ -415,17 +441,18 @@ def main(argv=None):
 
   answers, results = [None] * len(rows), []
   t0 = time.perf_counter()
-  batches = batches_by_sampling(samplings, batch_size)
+  batches = batches_by_settings(list(zip(samplings, row_eos)), batch_size)
   for batch in batches:
     prompt, lengths = right_pad([rows[i] for i in batch])
     batch_stop = [row_stop[i] for i in batch]
     # Prompt i samples with its own seed whatever its batch: one seed for the whole batch would
     # give each row the stream of its place in the batch, so the answers would change with
     # --batch-size and prompts at the same place in different batches would draw alike.
-    own = samplings[batch[0]]
+    own, eos = samplings[batch[0]], row_eos[batch[0]]
     result = jax.block_until_ready(decode(prompt, lengths, batch_stop,
                                           np.array([seeds[i] for i in batch]),
-                                          np.array([max_new[i] for i in batch], np.int32), own))
+                                          np.array([max_new[i] for i in batch], np.int32), own,
+                                          eos))
     results.append(result)
     for b, (i, stop) in enumerate(zip(batch, batch_stop)):
       n = int(result.num_generated_B[b])
@@ -434,7 +461,8 @@ def main(argv=None):
       nonfinite = bool(result.nonfinite_B[b])
       stop_after = 0 if stop is None else stop.min_tokens_chars(tokens, own.min_tokens)
       answer = {"tokens": tokens, "text": text if stop is None else stop.cut(text, stop_after),
-                "finish_reason": finish_reason(tokens, text, eos, stop, nonfinite, stop_after),
+                "finish_reason": finish_reason(tokens, text, eos, stop, nonfinite, stop_after,
+                                               row_stop_ids[i]),
                 "nonfinite_logits": nonfinite}
       if args.logprobs:
         answer["logprobs"] = json_logprobs(result.logprobs_BxN[b, :n])

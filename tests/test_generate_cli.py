@@ -70,6 +70,11 @@ from tests.test_bench_cli import tiny_target  # noqa: F401  (module fixture)
      "logit_bias: the bias of token 5 must be a number in [-100, 100], got -200.0"),
     (["--prompt", "hi", "--draft", "ngram", "--temperature", "1"],
      "--rule strict is greedy verification; temperature 1.0 needs --rule sample"),
+    (["--prompt", "hi", "--stop-token-ids", "2,x"],
+     "--stop-token-ids must be comma-separated integers, got '2,x'"),
+    (["--prompt", "hi", "--stop-token-ids", " "], "--stop-token-ids has no ids"),
+    (["--prompt", "hi", "--stop-token-ids", "-3"],
+     "--stop-token-ids: token id -3 is outside any vocabulary"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
   with pytest.raises(SystemExit) as e:
@@ -217,9 +222,15 @@ def test_asd_settings_from_the_preset_and_k_from_the_drafter(tiny_target, capsys
     ("stops.jsonl", '{"prompt": "a", "stop": ["x", ""]}\n', 'line 1: an empty "stop" string'),
     ("typo.jsonl", '{"prompt": "a"}\n{"prompt": "b", "stops": ["x"]}\n',
      "line 2 has key(s) 'stops', which a request does not take; the keys are "
-     "'frequency_penalty', 'logit_bias', 'max_new_tokens', 'messages', 'min_p', 'min_tokens', "
-     "'presence_penalty', 'prompt', 'repetition_penalty', 'seed', 'stop', 'temperature', "
-     "'top_k', 'top_p'"),
+     "'frequency_penalty', 'ignore_eos', 'logit_bias', 'max_new_tokens', 'messages', 'min_p', "
+     "'min_tokens', 'presence_penalty', 'prompt', 'repetition_penalty', 'seed', 'stop', "
+     "'stop_token_ids', 'temperature', 'top_k', 'top_p'"),
+    ("stopids.jsonl", '{"prompt": "a", "stop_token_ids": 5}\n',
+     'line 1: "stop_token_ids" must be a list of token ids, got 5'),
+    ("negids.jsonl", '{"prompt": "a", "stop_token_ids": [-1]}\n',
+     'line 1: "stop_token_ids" must be a list of token ids, got [-1]'),
+    ("ignore.jsonl", '{"prompt": "a", "ignore_eos": 1}\n',
+     'line 1: "ignore_eos" must be true or false, got 1'),
     ("bias.jsonl", '{"prompt": "a", "logit_bias": {"x": 1}}\n',
      'line 1: "logit_bias" must be an object from token ids to biases'),
     ("biasrange.jsonl", '{"prompt": "a"}\n{"prompt": "b", "logit_bias": {"5": -101}}\n',
@@ -342,6 +353,8 @@ def test_a_conversation_or_system_message_reaches_the_template(tiny_target, tmp_
      "top_logprobs 97 is more than the vocabulary's 96 tokens"),
     (["--prompt-ids", "3", "--logit-bias", "96=-100"],
      "logit_bias names token id(s) [96] outside the vocabulary [0, 96)"),
+    (["--prompt-ids", "3", "--stop-token-ids", "5,96"],
+     "--stop-token-ids: token id 96 is outside the vocabulary [0, 96)"),
 ])
 def test_a_request_past_the_vocabulary_is_refused_before_the_model_loads(flags, message,
                                                                           tmp_path, capsys):
@@ -495,12 +508,43 @@ def test_a_line_can_set_its_own_sampling(tiny_target, tmp_path, capsys):  # noqa
 
 
 def test_rows_are_batched_by_their_sampling_settings():
-  from asd_jax.generate import batches_by_sampling
+  from asd_jax.generate import batches_by_settings
   from asd_jax.sampling import SamplingConfig
   greedy, hot = SamplingConfig(), SamplingConfig(temperature=1.0)
   samplings = [greedy, hot, greedy, SamplingConfig(), hot, greedy]  # equal configs group
-  assert batches_by_sampling(samplings, 2) == [[0, 2], [3, 5], [1, 4]]
-  assert batches_by_sampling(samplings, 8) == [[0, 2, 3, 5], [1, 4]]
+  assert batches_by_settings(samplings, 2) == [[0, 2], [3, 5], [1, 4]]
+  assert batches_by_settings(samplings, 8) == [[0, 2, 3, 5], [1, 4]]
+  eos = [(2,), (2,), (), (2,), (2,), (2,)]  # and so do the EOS ids
+  assert batches_by_settings(list(zip(samplings, eos)), 8) == [[0, 3, 5], [1, 4], [2]]
+
+
+def test_stop_token_ids_end_answers_like_eos(tiny_target, tmp_path, capsys):  # noqa: F811
+  """--stop-token-ids ends an answer at the first of them (kept, finish_reason "stop"), even
+  with --ignore-eos, and --min-tokens holds them back; a .jsonl line's own "stop_token_ids" and
+  "ignore_eos" give the answer the flags give alone."""
+  import json
+  common = ["--target", str(tiny_target), "--max-new-tokens", "16", "--json", "--prompt"]
+
+  def run(*more):
+    main([*common, *more])
+    return json.loads(capsys.readouterr().out)
+
+  prompt = "write a python function"
+  free = run(prompt, "--ignore-eos")["tokens"]
+  stop_id = free[2]
+  first = free.index(stop_id)
+  out = run(prompt, "--ignore-eos", "--stop-token-ids", str(stop_id))
+  assert out["tokens"] == free[:first + 1] and out["finish_reason"] == "stop"
+  held = run(prompt, "--ignore-eos", "--stop-token-ids", str(stop_id), "--min-tokens",
+             str(first + 2))
+  assert len(held["tokens"]) >= first + 2 and stop_id not in held["tokens"][:first + 1]
+  lines = [{"prompt": prompt, "stop_token_ids": [stop_id], "ignore_eos": True},
+           {"prompt": prompt, "ignore_eos": True}, {"prompt": "the list"}]
+  (tmp_path / "q.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+  main([*common[:-1], "--prompts-file", str(tmp_path / "q.jsonl")])
+  answers = json.loads(capsys.readouterr().out)["answers"]
+  assert [a["tokens"] for a in answers] == [out["tokens"], free, run("the list")["tokens"]]
+  assert answers[0]["finish_reason"] == "stop"
 
 
 def test_a_prompt_too_long_in_a_file_is_named_before_any_batch(tiny_target, tmp_path,  # noqa: F811
