@@ -180,6 +180,7 @@ class PromptLine:
   sampling: dict = dataclasses.field(default_factory=dict)
   stop_token_ids: tuple[int, ...] = ()  # a .jsonl line's own, added to --stop-token-ids'
   ignore_eos: bool | None = None  # a .jsonl line's own; None: --ignore-eos
+  n: int | None = None  # a .jsonl line's own number of samples; None: --n
 
   def shown(self) -> str:
     """What a text listing shows for the request: the message, or a conversation's last one."""
@@ -204,7 +205,8 @@ SAMPLING_RECORD_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_pe
                         "presence_penalty", "frequency_penalty", "min_tokens", "logit_bias")
 # A .jsonl line's keys (vLLM's and OpenAI's request fields where they have one).
 PROMPT_RECORD_KEYS = frozenset({"prompt", "messages", "stop", "max_new_tokens", "seed",
-                                "stop_token_ids", "ignore_eos", *SAMPLING_RECORD_KEYS})
+                                "stop_token_ids", "ignore_eos", "n", *SAMPLING_RECORD_KEYS})
+MAX_SAMPLES = 4096  # a .jsonl line's or --n's samples of one prompt, at most
 
 
 def _line_stop_token_ids(record: dict, where: str) -> tuple[int, ...]:
@@ -254,7 +256,7 @@ def read_prompts_file(path: str) -> list[PromptLine]:
   file, one JSON object per line with a string "prompt" (a message with newlines in it) or
   "messages" (a conversation, checked by models.tokenizer.chat_messages) and optionally "stop"
   (a string or a list: that answer's own stop strings), "stop_token_ids" (its own, added to
-  the flag's), "max_new_tokens", "seed", "ignore_eos" and the sampling settings of
+  the flag's), "max_new_tokens", "seed", "ignore_eos", "n" and the sampling settings of
   SAMPLING_RECORD_KEYS (that answer's own); any other key is refused (a
   misspelt "stops" would otherwise be dropped without a word). Trailing blank lines
   are dropped; a blank line or message between prompts is refused, as a hole in the file is
@@ -297,7 +299,8 @@ def read_prompts_file(path: str) -> list[PromptLine]:
                  seed=_line_int(record, "seed", 0, 2**32 - 1, where),
                  sampling=_line_sampling(record, where),
                  stop_token_ids=_line_stop_token_ids(record, where),
-                 ignore_eos=_line_bool(record, "ignore_eos", where))
+                 ignore_eos=_line_bool(record, "ignore_eos", where),
+                 n=_line_int(record, "n", 1, MAX_SAMPLES, where))
       if "messages" in record:
         if not isinstance(record["messages"], list) or not record["messages"]:
           raise ValueError(f'{where}: "messages" must be a non-empty list of {{"role", '

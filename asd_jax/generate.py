@@ -33,7 +33,7 @@ import time
 import jax
 import numpy as np
 
-from asd_jax.cli_common import (attach_dash_values, check_positive_flags,
+from asd_jax.cli_common import (MAX_SAMPLES, attach_dash_values, check_positive_flags,
                                 enable_compilation_cache, parse_prompt_ids, read_prompts_file,
                                 right_pad, run_cli, text_stream)
 from asd_jax.asd_config import PRESETS, preset_with
@@ -68,9 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
                    '{"prompt": ..., "stop": [...]} objects, or {"messages": [{"role": ..., '
                    '"content": ...}, ...]} for a conversation; optional: "stop", that answer\'s '
                    'stop strings, added to --stop\'s, "stop_token_ids", added to the flag\'s, '
-                   'and its own "max_new_tokens", "seed", "ignore_eos" and sampling settings, '
-                   'e.g. "temperature", "min_tokens", "logit_bias"); the chat template is '
-                   "applied to each")
+                   'and its own "max_new_tokens", "seed", "ignore_eos", "n" and sampling '
+                   'settings, e.g. "temperature", "min_tokens", "logit_bias"); the chat '
+                   "template is applied to each")
   p.add_argument("--system", metavar="TEXT", help="system message placed before each prompt "
                  "(replaces the chat template's default one, e.g. SmolLM2's)")
   p.add_argument("--batch-size", type=int,
@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--seed", type=int, default=0,
                  help="sampling seed; with --prompts-file, prompt i (from 0) samples with seed "
                  "+ i, so each answer is the one it gets alone with that seed, in any batch")
+  p.add_argument("--n", type=int, default=1,
+                 help="answers per prompt (vLLM's n): N samples, as if each prompt were given N "
+                 "times (seeds included); needs --temperature > 0")
   p.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens")
   p.add_argument("--stop-token-ids", metavar="IDS",
                  help="comma-separated token ids that end an answer too, like EOS (kept in "
@@ -301,16 +304,20 @@ def main(argv=None):
     for number, message in enumerate([args.prompt] if messages is None else messages, 1):
       chat_messages(message, args.system, "--system" if messages is None else
                     f"--prompts-file {args.prompts_file}: line {number}")
-  if messages is None and args.batch_size is not None:
-    raise ValueError("--batch-size sets the rows decoded together from --prompts-file; "
-                     "pass --prompts-file or drop it")
+  if not 1 <= args.n <= MAX_SAMPLES:
+    raise ValueError(f"--n must be in [1, {MAX_SAMPLES}], got {args.n}")
+  # Each prompt's number of answers: a .jsonl line's own "n", else --n.
+  copies = [args.n] if lines is None else [line.n or args.n for line in lines]
+  if messages is None and args.batch_size is not None and args.n == 1:
+    raise ValueError("--batch-size sets the rows decoded together from --prompts-file or "
+                     "--n; pass one of them or drop it")
   batch_size = (BATCH_SIZE["plain" if args.draft is None else "speculative"]
                 if args.batch_size is None else args.batch_size)
   if batch_size <= 0:
     raise ValueError(f"--batch-size must be a positive integer, got {batch_size}")
-  if messages is not None and args.stream:
+  if (messages is not None or args.n > 1) and args.stream:
     raise ValueError("--stream prints one answer as it arrives; use it with --prompt, not "
-                     "--prompts-file")
+                     "--prompts-file or --n")
   if args.draft is None and args.rule is not None:
     raise ValueError(f"--rule {args.rule} needs a drafter: pass --draft")
   if args.k is not None and args.k <= 0:
@@ -335,15 +342,24 @@ def main(argv=None):
   if args.draft is not None:
     from models.drafter_setup import check_drafter_request
     check_drafter_request(args.draft, args.drafter, tree)
-  # Each answer's sampling seed: a .jsonl line's own, else --seed + its index (row_keys takes
-  # uint32 seeds, so the last of those must stay below 2**32).
+  # The answers in order: answer r is sample sample_of[r] of prompt prompt_of[r] (the prompts
+  # written copies[i] times each).
+  prompt_of = [i for i, c in enumerate(copies) for _ in range(c)]
+  sample_of = [j for c in copies for j in range(c)]
+  # Each answer's sampling seed: its .jsonl line's own + its sample index, else --seed + its
+  # index among the answers (row_keys takes uint32 seeds, so they must stay below 2**32).
   own_seeds = [None] if lines is None else [line.seed for line in lines]
-  seeds = [args.seed + i if own is None else own for i, own in enumerate(own_seeds)]
-  last = max((i for i, own in enumerate(own_seeds) if own is None), default=0)
+  seeds = [args.seed + r if own_seeds[i] is None else own_seeds[i] + j
+           for r, (i, j) in enumerate(zip(prompt_of, sample_of))]
+  last = max((r for r, i in enumerate(prompt_of) if own_seeds[i] is None), default=0)
   if not 0 <= args.seed <= 2**32 - 1 - last:
-    raise ValueError(f"--seed must be in [0, 2**32), got {args.seed}" if lines is None else
-                     f"--seed {args.seed}: prompt i of the file samples with seed + i, so with "
-                     f"{last + 1} prompts --seed must be in [0, {2**32 - 1 - last}]")
+    raise ValueError(f"--seed must be in [0, 2**32), got {args.seed}" if last == 0 else
+                     f"--seed {args.seed}: answer i samples with seed + i, so with "
+                     f"{last + 1} answers --seed must be in [0, {2**32 - 1 - last}]")
+  for i, (own, c) in enumerate(zip(own_seeds, copies)):
+    if own is not None and own + c - 1 > 2**32 - 1:
+      raise ValueError(f"--prompts-file {args.prompts_file}: line {i + 1}: its {c} samples "
+                       f"draw with seeds {own}..{own + c - 1}, past 2**32 - 1")
   # Each answer's max_new_tokens: a .jsonl line's own, else --max-new-tokens; the decode calls
   # all take the largest (one output buffer size), and each row stops at its own.
   max_new = ([args.max_new_tokens] if lines is None else
@@ -365,6 +381,10 @@ def main(argv=None):
     if args.draft is not None and (args.rule or "strict") in ("strict", "asd") and not own.greedy:
       raise ValueError(f"{where}--rule {args.rule or 'strict'} is greedy verification; "
                        f"temperature {own.temperature} needs --rule sample (or temperature 0)")
+    if copies[i] > 1 and own.greedy:
+      raise ValueError(f"{where}n={copies[i]} asks for {copies[i]} samples, but temperature 0 "
+                       "is greedy decoding: every one would be the same answer; set a "
+                       "temperature > 0")
   from models.registry import peek_vocab_size
   vocab_size = peek_vocab_size(args.target)  # refuses an empty or unknown --target too
   if vocab_size is not None:  # the decode checks these again; here they cost no model load
@@ -407,6 +427,10 @@ def main(argv=None):
       tuple(dict.fromkeys(stop_strings + line.stop)) for line in lines]
   stop_sets = {s: StopStrings.from_tokenizer(tokenizer, s) for s in set(wanted) if s}
   row_stop = [stop_sets.get(s) for s in wanted]
+  if len(prompt_of) > len(copies):  # from here on, one row per answer
+    rows, max_new, samplings, row_eos, row_stop_ids, row_stop = (
+        [per_prompt[i] for i in prompt_of]
+        for per_prompt in (rows, max_new, samplings, row_eos, row_stop_ids, row_stop))
   stream = (text_stream(tokenizer, stop=row_stop[0], min_tokens=sampling.min_tokens)
             if args.stream else None)
 
@@ -497,35 +521,43 @@ def main(argv=None):
       "backend": jax.default_backend(),
       "nonfinite_logits": any(a["nonfinite_logits"] for a in answers),
   })
-  if messages is None:
+  # One prompt, one answer: the answer's own object; else a list of answers.
+  single = messages is None and len(answers) == 1
+  if single:
     answer = answers[0]
     if args.draft is not None:  # the row's own ledger (plain's forwards are the total above)
       stats.update(asd_exceptions=per_row[0]["asd_exceptions"], asd_spent=per_row[0]["asd_spent"])
   else:
-    stats.update(prompts=len(rows), batch_size=batch_size)
-    for message, answer, row in zip(messages, answers, per_row):
-      answer.update(prompt=message, new_tokens=len(answer["tokens"]), **row)
+    stats.update(prompts=len(copies), batch_size=batch_size)
+    prompts = messages or [args.prompt if ids is None else ids]
+    for i, j, answer, row in zip(prompt_of, sample_of, answers, per_row):
+      answer.update(prompt=prompts[i], new_tokens=len(answer["tokens"]), **row)
+      if copies[i] > 1:
+        answer["sample"] = j
   if args.json:
     print(json.dumps({"tokens": answer["tokens"], "text": answer["text"],
                       "finish_reason": answer["finish_reason"], "stats": stats,
                       **{key: answer[key] for key in ("logprobs", "top_logprobs")
                          if key in answer}}
-                     if messages is None else {"answers": answers, "stats": stats}))
+                     if single else {"answers": answers, "stats": stats}))
   else:
-    if messages is None:
+    if single:
       if args.stream:
         stream.on_tokens.finish(answer["text"])  # what the stream held back at a stop's start
         print()
       else:
         print(answer["text"])
     else:
-      for i, (line, a) in enumerate(zip(lines, answers)):
-        print(f"### [{i + 1}/{len(answers)}] {line.shown()}\n{a['text']}\n")
+      shown = ([line.shown() for line in lines] if lines is not None else
+               [args.prompt if ids is None else str(ids)])
+      for r, (i, j, a) in enumerate(zip(prompt_of, sample_of, answers)):
+        of = f" (sample {j + 1}/{copies[i]})" if copies[i] > 1 else ""
+        print(f"### [{r + 1}/{len(answers)}] {shown[i]}{of}\n{a['text']}\n")
     print(f"\n[{n_total} tokens in {wall_s:.2f} s ({n_total / wall_s:.1f} tok/s incl. compile), "
           f"load {load_s:.2f} s]")
   bad = [i + 1 for i, a in enumerate(answers) if a["nonfinite_logits"]]
   if bad:  # after the output, so the tokens before the bad step are not lost
-    where = (f"after {len(answers[0]['tokens'])} tokens" if messages is None else
+    where = (f"after {len(answers[0]['tokens'])} tokens" if single else
              f"in answer(s) {', '.join(map(str, bad))} of {len(answers)}")
     raise ValueError(f"the model produced non-finite logits {where}; generation stopped there "
                      "(the output above is complete up to that point)")

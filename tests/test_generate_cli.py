@@ -75,6 +75,14 @@ from tests.test_bench_cli import tiny_target  # noqa: F401  (module fixture)
     (["--prompt", "hi", "--stop-token-ids", " "], "--stop-token-ids has no ids"),
     (["--prompt", "hi", "--stop-token-ids", "-3"],
      "--stop-token-ids: token id -3 is outside any vocabulary"),
+    (["--prompt", "hi", "--n", "0"], "--n must be in [1, 4096], got 0"),
+    (["--prompt", "hi", "--n", "2"], "n=2 asks for 2 samples, but temperature 0 is greedy "
+     "decoding: every one would be the same answer; set a temperature > 0"),
+    (["--prompt", "hi", "--n", "2", "--temperature", "1", "--stream"],
+     "--stream prints one answer as it arrives; use it with --prompt, not --prompts-file or --n"),
+    (["--prompt", "hi", "--n", "2", "--temperature", "1", "--seed", str(2**32 - 1)],
+     "--seed 4294967295: answer i samples with seed + i, so with 2 answers --seed must be in "
+     "[0, 4294967294]"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
   with pytest.raises(SystemExit) as e:
@@ -223,8 +231,13 @@ def test_asd_settings_from_the_preset_and_k_from_the_drafter(tiny_target, capsys
     ("typo.jsonl", '{"prompt": "a"}\n{"prompt": "b", "stops": ["x"]}\n',
      "line 2 has key(s) 'stops', which a request does not take; the keys are "
      "'frequency_penalty', 'ignore_eos', 'logit_bias', 'max_new_tokens', 'messages', 'min_p', "
-     "'min_tokens', 'presence_penalty', 'prompt', 'repetition_penalty', 'seed', 'stop', "
+     "'min_tokens', 'n', 'presence_penalty', 'prompt', 'repetition_penalty', 'seed', 'stop', "
      "'stop_token_ids', 'temperature', 'top_k', 'top_p'"),
+    ("n.jsonl", '{"prompt": "a", "n": 0}\n', 'line 1: "n" must be an integer in [1, 4096], got 0'),
+    ("greedyn.jsonl", '{"prompt": "a"}\n{"prompt": "b", "n": 3}\n',
+     "line 2: n=3 asks for 3 samples, but temperature 0 is greedy decoding"),
+    ("seedn.jsonl", '{"prompt": "a", "n": 2, "temperature": 1, "seed": 4294967295}\n',
+     "line 1: its 2 samples draw with seeds 4294967295..4294967296, past 2**32 - 1"),
     ("stopids.jsonl", '{"prompt": "a", "stop_token_ids": 5}\n',
      'line 1: "stop_token_ids" must be a list of token ids, got 5'),
     ("negids.jsonl", '{"prompt": "a", "stop_token_ids": [-1]}\n',
@@ -434,7 +447,7 @@ def test_sampled_answers_from_a_file_do_not_depend_on_the_batch(tiny_target, tmp
       assert [a["tokens"] for a in answers] == alone, (draft, batch)
   with pytest.raises(SystemExit):
     main([*common, "--prompts-file", str(tmp_path / "q.txt"), "--seed", str(2**32 - 2)])
-  assert "with 3 prompts --seed must be in [0, 4294967293]" in capsys.readouterr().err
+  assert "with 3 answers --seed must be in [0, 4294967293]" in capsys.readouterr().err
 
 
 def test_a_line_can_set_its_own_max_new_tokens_and_seed(tiny_target, tmp_path,  # noqa: F811
@@ -505,6 +518,45 @@ def test_a_line_can_set_its_own_sampling(tiny_target, tmp_path, capsys):  # noqa
       if draft:
         assert [a["rounds"] for a in out["answers"]] == [a["stats"]["rounds"] for a in alone]
   assert len(alone_tokens[4]) >= 7
+
+
+def test_n_samples_are_the_prompt_given_n_times(tiny_target, tmp_path, capsys):  # noqa: F811
+  """--n N answers each prompt N times, answer r drawing with --seed + r: the answers of the
+  prompt written N times, and of each sample alone with its seed; a .jsonl line's own "n" and
+  "seed" give samples seed, seed + 1, ...; any batch size, plain and speculative."""
+  import json
+  common = ["--target", str(tiny_target), "--max-new-tokens", "8", "--ignore-eos", "--json",
+            "--temperature", "1"]
+
+  def run(*more):
+    main([*common, *more])
+    return json.loads(capsys.readouterr().out)
+
+  prompt = "write a python function"
+  (tmp_path / "thrice.txt").write_text(f"{prompt}\n" * 3)
+  (tmp_path / "own.jsonl").write_text(json.dumps({"prompt": "the list"}) + "\n" + json.dumps(
+      {"prompt": prompt, "n": 2, "seed": 11}) + "\n")
+  for draft in ([], ["--draft", "ngram", "--k", "3", "--rule", "sample"]):
+    alone = [run("--prompt", prompt, "--seed", str(5 + r), *draft)["tokens"] for r in range(3)]
+    assert len({tuple(a) for a in alone}) == 3
+    written = run("--prompts-file", str(tmp_path / "thrice.txt"), "--seed", "5", *draft)
+    for batch in ("1", "3"):
+      out = run("--prompt", prompt, "--n", "3", "--seed", "5", "--batch-size", batch, *draft)
+      assert [a["tokens"] for a in out["answers"]] == alone == [
+          a["tokens"] for a in written["answers"]], (draft, batch)
+      assert [a["sample"] for a in out["answers"]] == [0, 1, 2]
+      assert [a["prompt"] for a in out["answers"]] == [prompt] * 3
+      assert (out["stats"]["prompts"], out["stats"]["new_tokens"]) == (1, 24)
+    own = run("--prompts-file", str(tmp_path / "own.jsonl"), "--seed", "5", *draft)["answers"]
+    assert [a["tokens"] for a in own] == [
+        run("--prompt", "the list", "--seed", "5", *draft)["tokens"],
+        *[run("--prompt", prompt, "--seed", s, *draft)["tokens"] for s in ("11", "12")]]
+    assert ["sample" in a for a in own] == [False, True, True]
+  # The text listing names each sample.
+  main([*[flag for flag in common if flag != "--json"], "--prompt", prompt, "--n", "2"])
+  listing = capsys.readouterr().out
+  assert f"### [1/2] {prompt} (sample 1/2)" in listing
+  assert f"### [2/2] {prompt} (sample 2/2)" in listing
 
 
 def test_rows_are_batched_by_their_sampling_settings():
