@@ -181,6 +181,8 @@ class PromptLine:
   stop_token_ids: tuple[int, ...] = ()  # a .jsonl line's own, added to --stop-token-ids'
   ignore_eos: bool | None = None  # a .jsonl line's own; None: --ignore-eos
   n: int | None = None  # a .jsonl line's own number of samples; None: --n
+  # a .jsonl line's own "include_stop_str_in_output"; None: --include-stop-str
+  include_stop: bool | None = None
 
   def shown(self) -> str:
     """What a text listing shows for the request: the message, or a conversation's last one."""
@@ -205,7 +207,8 @@ SAMPLING_RECORD_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_pe
                         "presence_penalty", "frequency_penalty", "min_tokens", "logit_bias")
 # A .jsonl line's keys (vLLM's and OpenAI's request fields where they have one).
 PROMPT_RECORD_KEYS = frozenset({"prompt", "messages", "stop", "max_new_tokens", "seed",
-                                "stop_token_ids", "ignore_eos", "n", *SAMPLING_RECORD_KEYS})
+                                "stop_token_ids", "ignore_eos", "n", "include_stop_str_in_output",
+                                *SAMPLING_RECORD_KEYS})
 MAX_SAMPLES = 4096  # a .jsonl line's or --n's samples of one prompt, at most
 
 
@@ -256,8 +259,8 @@ def read_prompts_file(path: str) -> list[PromptLine]:
   file, one JSON object per line with a string "prompt" (a message with newlines in it) or
   "messages" (a conversation, checked by models.tokenizer.chat_messages) and optionally "stop"
   (a string or a list: that answer's own stop strings), "stop_token_ids" (its own, added to
-  the flag's), "max_new_tokens", "seed", "ignore_eos", "n" and the sampling settings of
-  SAMPLING_RECORD_KEYS (that answer's own); any other key is refused (a
+  the flag's), "max_new_tokens", "seed", "ignore_eos", "n", "include_stop_str_in_output" and
+  the sampling settings of SAMPLING_RECORD_KEYS (that answer's own); any other key is refused (a
   misspelt "stops" would otherwise be dropped without a word). Trailing blank lines
   are dropped; a blank line or message between prompts is refused, as a hole in the file is
   likelier a mistake than a prompt."""
@@ -291,16 +294,19 @@ def read_prompts_file(path: str) -> list[PromptLine]:
                          '"messages"')
       unknown = sorted(set(record) - PROMPT_RECORD_KEYS)
       if unknown:
+        import difflib
+        near = difflib.get_close_matches(unknown[0], PROMPT_RECORD_KEYS, n=1)
         raise ValueError(f"{where} has key(s) {', '.join(map(repr, unknown))}, which a request "
-                         f"does not take; the keys are "
-                         f"{', '.join(map(repr, sorted(PROMPT_RECORD_KEYS)))}")
+                         f"does not take{f' (did you mean {near[0]!r}?)' if near else ''}; "
+                         f"the keys are {', '.join(map(repr, sorted(PROMPT_RECORD_KEYS)))}")
       stop = _line_stop(record, where)
       own = dict(max_new_tokens=_line_int(record, "max_new_tokens", 1, 2**31 - 1, where),
                  seed=_line_int(record, "seed", 0, 2**32 - 1, where),
                  sampling=_line_sampling(record, where),
                  stop_token_ids=_line_stop_token_ids(record, where),
                  ignore_eos=_line_bool(record, "ignore_eos", where),
-                 n=_line_int(record, "n", 1, MAX_SAMPLES, where))
+                 n=_line_int(record, "n", 1, MAX_SAMPLES, where),
+                 include_stop=_line_bool(record, "include_stop_str_in_output", where))
       if "messages" in record:
         if not isinstance(record["messages"], list) or not record["messages"]:
           raise ValueError(f'{where}: "messages" must be a non-empty list of {{"role", '

@@ -68,9 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
                    '{"prompt": ..., "stop": [...]} objects, or {"messages": [{"role": ..., '
                    '"content": ...}, ...]} for a conversation; optional: "stop", that answer\'s '
                    'stop strings, added to --stop\'s, "stop_token_ids", added to the flag\'s, '
-                   'and its own "max_new_tokens", "seed", "ignore_eos", "n" and sampling '
-                   'settings, e.g. "temperature", "min_tokens", "logit_bias"); the chat '
-                   "template is applied to each")
+                   'and its own "max_new_tokens", "seed", "ignore_eos", "n", '
+                   '"include_stop_str_in_output" and sampling settings, e.g. "temperature", '
+                   '"min_tokens", "logit_bias"); the chat template is applied to each')
   p.add_argument("--system", metavar="TEXT", help="system message placed before each prompt "
                  "(replaces the chat template's default one, e.g. SmolLM2's)")
   p.add_argument("--batch-size", type=int,
@@ -109,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--stop-token-ids", metavar="IDS",
                  help="comma-separated token ids that end an answer too, like EOS (kept in "
                  "it; held back by --min-tokens; they stop it even with --ignore-eos)")
+  p.add_argument("--include-stop-str", action="store_true",
+                 help="show an answer's text through the stop string that ended it (vLLM's "
+                 "include_stop_str_in_output), not up to it")
   p.add_argument("--stop", action="append", metavar="TEXT",
                  help="end an answer once its text contains TEXT (repeatable); the answer is "
                  "shown up to it (the tokens through the one that completes it). \\n, \\t "
@@ -371,6 +374,9 @@ def main(argv=None):
       tuple(dict.fromkeys(stop_ids + line.stop_token_ids)) for line in lines]
   row_ignore_eos = [args.ignore_eos] if lines is None else [
       args.ignore_eos if line.ignore_eos is None else line.ignore_eos for line in lines]
+  row_include_stop = [args.include_stop_str] if lines is None else [
+      args.include_stop_str if line.include_stop is None else line.include_stop
+      for line in lines]
   # Each answer's sampling settings: the flags', or a .jsonl line's own in place of them.
   samplings = [sampling] if lines is None else line_samplings(sampling, lines, args.prompts_file)
   for i, (own, n) in enumerate(zip(samplings, max_new)):
@@ -428,9 +434,9 @@ def main(argv=None):
   stop_sets = {s: StopStrings.from_tokenizer(tokenizer, s) for s in set(wanted) if s}
   row_stop = [stop_sets.get(s) for s in wanted]
   if len(prompt_of) > len(copies):  # from here on, one row per answer
-    rows, max_new, samplings, row_eos, row_stop_ids, row_stop = (
-        [per_prompt[i] for i in prompt_of]
-        for per_prompt in (rows, max_new, samplings, row_eos, row_stop_ids, row_stop))
+    rows, max_new, samplings, row_eos, row_stop_ids, row_stop, row_include_stop = (
+        [per_prompt[i] for i in prompt_of] for per_prompt in (
+            rows, max_new, samplings, row_eos, row_stop_ids, row_stop, row_include_stop))
   stream = (text_stream(tokenizer, stop=row_stop[0], min_tokens=sampling.min_tokens)
             if args.stream else None)
 
@@ -484,7 +490,8 @@ def main(argv=None):
       text = tokenizer.decode(tokens, skip_special_tokens=True)
       nonfinite = bool(result.nonfinite_B[b])
       stop_after = 0 if stop is None else stop.min_tokens_chars(tokens, own.min_tokens)
-      answer = {"tokens": tokens, "text": text if stop is None else stop.cut(text, stop_after),
+      answer = {"tokens": tokens,
+                "text": text if stop is None else stop.cut(text, stop_after, row_include_stop[i]),
                 "finish_reason": finish_reason(tokens, text, eos, stop, nonfinite, stop_after,
                                                row_stop_ids[i]),
                 "nonfinite_logits": nonfinite}

@@ -90,10 +90,16 @@ class StopStrings:
               if i >= 0]
     return min(starts) if starts else None
 
-  def cut(self, text: str, after: int = 0) -> str:
-    """`text` before its first stop string (all of it without one); `after` as in find."""
+  def cut(self, text: str, after: int = 0, include: bool = False) -> str:
+    """`text` before its first stop string (all of it without one); `after` as in find. With
+    include, through the stop string (vLLM's include_stop_str_in_output): the first of those
+    starting there, in `strings`' order."""
     at = self.find(text, after)
-    return text if at is None else text[:at]
+    if at is None:
+      return text
+    if include:
+      return text[:at + next(len(s) for s in self.strings if text.startswith(s, at))]
+    return text[:at]
 
   def settled(self, text: str, after: int = 0) -> str:
     """The part of a growing `text` that later tokens cannot cut: the text before a stop string,

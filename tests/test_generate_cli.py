@@ -229,10 +229,14 @@ def test_asd_settings_from_the_preset_and_k_from_the_drafter(tiny_target, capsys
      'line 2: "stop" must be a string or a list of strings'),
     ("stops.jsonl", '{"prompt": "a", "stop": ["x", ""]}\n', 'line 1: an empty "stop" string'),
     ("typo.jsonl", '{"prompt": "a"}\n{"prompt": "b", "stops": ["x"]}\n',
-     "line 2 has key(s) 'stops', which a request does not take; the keys are "
-     "'frequency_penalty', 'ignore_eos', 'logit_bias', 'max_new_tokens', 'messages', 'min_p', "
-     "'min_tokens', 'n', 'presence_penalty', 'prompt', 'repetition_penalty', 'seed', 'stop', "
-     "'stop_token_ids', 'temperature', 'top_k', 'top_p'"),
+     "line 2 has key(s) 'stops', which a request does not take (did you mean 'stop'?); the keys "
+     "are 'frequency_penalty', 'ignore_eos', 'include_stop_str_in_output', 'logit_bias', "
+     "'max_new_tokens', 'messages', 'min_p', 'min_tokens', 'n', 'presence_penalty', 'prompt', "
+     "'repetition_penalty', 'seed', 'stop', 'stop_token_ids', 'temperature', 'top_k', 'top_p'"),
+    ("far.jsonl", '{"prompt": "a", "xyz": 1}\n',
+     "line 1 has key(s) 'xyz', which a request does not take; the keys are"),
+    ("include.jsonl", '{"prompt": "a", "include_stop_str_in_output": "yes"}\n',
+     'line 1: "include_stop_str_in_output" must be true or false, got \'yes\''),
     ("n.jsonl", '{"prompt": "a", "n": 0}\n', 'line 1: "n" must be an integer in [1, 4096], got 0'),
     ("greedyn.jsonl", '{"prompt": "a"}\n{"prompt": "b", "n": 3}\n',
      "line 2: n=3 asks for 3 samples, but temperature 0 is greedy decoding"),
@@ -655,6 +659,17 @@ def test_stop_strings_end_answers_alone_and_batched(tiny_target, tmp_path, capsy
         alone[0]["tokens"], alone[0]["text"], "stop")
     assert [(a["tokens"], a["finish_reason"]) for a in own[1:]] == [
         (f["tokens"], "length") for f in full[1:]]
+    # --include-stop-str (a line's "include_stop_str_in_output") shows the text through the stop
+    # string; the tokens, and the stream's text, are the same.
+    kept = json.loads(run("--prompt", lines[0], "--json", "--stop", stop, "--include-stop-str",
+                          *draft))
+    assert kept["tokens"] == alone[0]["tokens"] and kept["text"] == alone[0]["text"] + stop
+    streamed = run("--prompt", lines[0], "--stop", stop, "--stream", "--include-stop-str", *draft)
+    assert streamed.split("\n[")[0] == kept["text"] + "\n"
+    (tmp_path / "q.jsonl").write_text(json.dumps(
+        {"prompt": lines[0], "stop": stop, "include_stop_str_in_output": True}) + "\n")
+    own = json.loads(run("--prompts-file", str(tmp_path / "q.jsonl"), "--json", *draft))
+    assert own["answers"][0]["text"] == kept["text"]
 
 
 def test_logprobs_come_with_each_answer(tiny_target, tmp_path, capsys):  # noqa: F811

@@ -217,6 +217,14 @@ def test_the_windowed_search_finds_the_first_stop_of_the_whole_text(pieces, othe
   assert got == want
 
 
+def test_the_text_cut_at_or_through_the_stop_string():
+  stop = StopStrings(("\n\n", "END", "EN"), _decode)
+  assert stop.cut("abc END and more") == "abc "
+  assert stop.cut("abc END and more", include=True) == "abc END"  # the first in their order
+  assert stop.cut("no stop", include=True) == "no stop"
+  assert stop.cut("x\n\ny END", after=3, include=True) == "x\n\ny END"[:9]
+
+
 def test_settled_text_holds_back_what_may_begin_a_stop_string():
   stop = StopStrings(("\n\n", "END"), _decode)
   assert stop.settled("abc\n") == "abc"  # '\n' may become '\n\n'
