@@ -204,7 +204,8 @@ def _line_stop(record: dict, where: str) -> tuple[str, ...]:
 # A .jsonl line's own sampling settings: asd_jax.sampling.SamplingConfig's fields, which are
 # vLLM's and OpenAI's request fields of the same names.
 SAMPLING_RECORD_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
-                        "presence_penalty", "frequency_penalty", "min_tokens", "logit_bias")
+                        "presence_penalty", "frequency_penalty", "min_tokens", "logit_bias",
+                        "allowed_token_ids")
 # A .jsonl line's keys (vLLM's and OpenAI's request fields where they have one).
 PROMPT_RECORD_KEYS = frozenset({"prompt", "messages", "stop", "max_new_tokens", "seed",
                                 "stop_token_ids", "ignore_eos", "n", "include_stop_str_in_output",

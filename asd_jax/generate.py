@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--logit-bias", action="append", metavar="ID=BIAS",
                  help="add BIAS (in [-100, 100]; -100 bans the token in practice) to token ID's "
                  "logit, in greedy decoding too (repeatable)")
+  p.add_argument("--allowed-token-ids", metavar="IDS",
+                 help="comma-separated token ids: the only ones an answer may hold (vLLM's "
+                 "allowed_token_ids; list an EOS id too, or answers end only at their length)")
   p.add_argument("--seed", type=int, default=0,
                  help="sampling seed; with --prompts-file, prompt i (from 0) samples with seed "
                  "+ i, so each answer is the one it gets alone with that seed, in any batch")
@@ -288,7 +291,9 @@ def main(argv=None):
                             presence_penalty=args.presence_penalty,
                             frequency_penalty=args.frequency_penalty,
                             min_tokens=args.min_tokens,
-                            logit_bias=parse_logit_bias(args.logit_bias))
+                            logit_bias=parse_logit_bias(args.logit_bias),
+                            allowed_token_ids=None if args.allowed_token_ids is None else
+                            parse_prompt_ids(args.allowed_token_ids, "--allowed-token-ids"))
   check_positive_flags(args, "max_new_tokens")
   if args.prompt is not None and not args.prompt.strip():
     raise ValueError("empty prompt: --prompt is blank")

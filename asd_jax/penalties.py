@@ -1,5 +1,6 @@
 """What a request does to the target's logits before it samples: vLLM's and OpenAI's
-`logit_bias`, `min_tokens` and the repetition, presence and frequency penalties.
+`logit_bias`, `min_tokens`, `allowed_token_ids` and the repetition, presence and frequency
+penalties.
 
 For each token, with count = how many times it is in the output so far, in this order:
   logit_bias b_t (OpenAI; vLLM): z += b_t for the tokens the request names;
@@ -9,7 +10,8 @@ For each token, with count = how many times it is in the output so far, in this 
   frequency_penalty f: z -= f * count;
   presence_penalty p: z -= p where count > 0;
   min_tokens m: while the output holds fewer than m tokens, the EOS ids get z = -inf (so no
-    rule can choose, accept or sample one).
+    rule can choose, accept or sample one);
+  allowed_token_ids (vLLM): every other token gets z = -inf.
 On the target's raw logits, before temperature and the sampling filters. Unlike the filters
 they change what greedy decoding picks, so they apply at temperature 0 too.
 
@@ -63,6 +65,24 @@ def check_min_tokens(min_tokens) -> int:
   return int(min_tokens)
 
 
+def check_allowed_token_ids(allowed) -> tuple[int, ...] | None:
+  """Validates allowed_token_ids (None = every token; else token ids >= 0, at least one);
+  returns them sorted, without repeats. Raises ValueError."""
+  if allowed is None:
+    return None
+  if isinstance(allowed, (str, bytes, dict)) or not hasattr(allowed, "__iter__"):
+    raise ValueError(f"allowed_token_ids must be a list of token ids, got {allowed!r}")
+  ids = list(allowed)
+  bad = [t for t in ids
+         if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0]
+  if bad:
+    raise ValueError(f"allowed_token_ids: a token id must be an integer >= 0, got {bad[0]!r}")
+  if not ids:
+    raise ValueError("allowed_token_ids is empty: no token could be generated (None allows "
+                     "every token)")
+  return tuple(sorted(set(map(int, ids))))
+
+
 def check_logit_bias(logit_bias) -> tuple[tuple[int, float], ...]:
   """Validates a logit bias ({token id: bias} or (id, bias) pairs; ids >= 0, biases in
   [-100, 100]); returns it as sorted (id, bias) pairs. Raises ValueError. Ids are checked
@@ -102,6 +122,7 @@ class Penalties:
   frequency: Any  # float32 scalar
   min_tokens: Any  # int32 scalar
   bias_V: Any = None  # float32[V] added to the logits; None: no logit_bias
+  allowed_V: Any = None  # bool[V], the tokens the request may generate; None: all
   # A repetition, presence or frequency penalty is on (the engines then count the tokens).
   counts_tokens: bool = flax.struct.field(pytree_node=False, default=False)
   # The ids min_tokens holds back; () when min_tokens is 0 or the request has no EOS ids.
@@ -109,15 +130,17 @@ class Penalties:
 
   @property
   def on(self) -> bool:
-    return self.counts_tokens or bool(self.banned_until_min) or self.bias_V is not None
+    return (self.counts_tokens or bool(self.banned_until_min) or self.bias_V is not None
+            or self.allowed_V is not None)
 
   @classmethod
   def of(cls, repetition=1.0, presence=0.0, frequency=0.0, *, min_tokens=0, eos_ids=(),
-         logit_bias=(), vocab_size: int | None = None,
+         logit_bias=(), allowed_token_ids=None, vocab_size: int | None = None,
          max_new_tokens: int | None = None) -> "Penalties":
     """Checked settings. eos_ids: the ids that end an answer (min_tokens holds them back);
-    vocab_size: needed with a logit_bias (its ids are checked against it); max_new_tokens: the
-    request's (a min_tokens above it is refused, as vLLM refuses one above max_tokens)."""
+    vocab_size: needed with a logit_bias or allowed_token_ids (their ids are checked against
+    it); max_new_tokens: the request's (a min_tokens above it is refused, as vLLM refuses one
+    above max_tokens)."""
     repetition, presence, frequency = check_penalties(repetition, presence, frequency)
     min_tokens = check_min_tokens(min_tokens)
     if max_new_tokens is not None and min_tokens > max_new_tokens:
@@ -134,8 +157,21 @@ class Penalties:
                          f"[0, {vocab_size})")
       bias_V = np.zeros(vocab_size, np.float32)
       bias_V[[t for t, _ in pairs]] = [b for _, b in pairs]
+    allowed_V = None
+    allowed = check_allowed_token_ids(allowed_token_ids)
+    if allowed is not None:
+      if vocab_size is None:
+        raise ValueError("allowed_token_ids needs the vocabulary size")
+      if allowed[-1] >= vocab_size:
+        raise ValueError(f"allowed_token_ids names token id {allowed[-1]} outside the "
+                         f"vocabulary [0, {vocab_size})")
+      if min_tokens and eos_ids and set(allowed) <= set(map(int, eos_ids)):
+        raise ValueError("allowed_token_ids holds only EOS ids, which min_tokens holds back: "
+                         "no token could be generated before min_tokens")
+      allowed_V = np.zeros(vocab_size, bool)
+      allowed_V[list(allowed)] = True
     return cls(np.float32(repetition), np.float32(presence), np.float32(frequency),
-               np.int32(min_tokens), bias_V,
+               np.int32(min_tokens), bias_V, allowed_V,
                counts_tokens=(repetition, presence, frequency) != (1.0, 0.0, 0.0),
                banned_until_min=tuple(map(int, eos_ids)) if min_tokens else ())
 
@@ -189,7 +225,7 @@ class DraftPenalty:
   """What a drafter that drafts under the request's logit edits reads
   (ChainDrafter.takes_penalty): the committed output's counts and the request's settings. A
   drafter that picks what the target picks then still does under them (the target drafting for
-  itself accepts every draft, tests/test_penalties.py, test_min_tokens_logit_bias.py); a
+  itself accepts every draft, tests/test_penalties.py, test_logit_edits.py); a
   distilled one gained little from drafting under a penalty (scripts/penalty_tau.py)."""
 
   counts: TokenCounts
@@ -261,4 +297,6 @@ def penalize(logits, counts: TokenCounts | None, penalties: Penalties, context_B
     banned_V = jnp.zeros((vocab,), bool).at[jnp.asarray(penalties.banned_until_min)].set(
         True, mode="drop")
     out = jnp.where(early_BxR[:, :, None] & banned_V & finite, -jnp.inf, out)
+  if penalties.allowed_V is not None:
+    out = jnp.where(~jnp.asarray(penalties.allowed_V) & finite, -jnp.inf, out)
   return out if rows else out[:, 0]

@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 
 from asd_jax.greedy_verify import first_argmax
-from asd_jax.penalties import Penalties, check_logit_bias, check_min_tokens, check_penalties
+from asd_jax.penalties import (Penalties, check_allowed_token_ids, check_logit_bias,
+                               check_min_tokens, check_penalties)
 from asd_jax.sampling_keys import categorical_rows
 from asd_jax.spec_sampling import Filters, filtered_probs, check_filters
 
@@ -27,9 +28,9 @@ class SamplingConfig:
   order (`apply_sampling_filters`). A filter with temperature 0 is refused: greedy decoding
   takes the argmax, so it would do nothing.
 
-  logit_bias, repetition_penalty, presence_penalty, frequency_penalty and min_tokens
-  (asd_jax/penalties.py) apply before all of it, in greedy decoding too; traced like the
-  filters.
+  logit_bias, repetition_penalty, presence_penalty, frequency_penalty, min_tokens and
+  allowed_token_ids (asd_jax/penalties.py) apply before all of it, in greedy decoding too;
+  traced like the filters.
   """
 
   temperature: float = 0.0
@@ -43,10 +44,14 @@ class SamplingConfig:
   min_tokens: int = 0
   # {token id: bias in [-100, 100]} added to the logits (stored as sorted (id, bias) pairs)
   logit_bias: tuple = ()
+  # None = every token; else only these ids may be generated (stored sorted, as a tuple)
+  allowed_token_ids: tuple | None = None
 
   def __post_init__(self):
     object.__setattr__(self, "min_tokens", check_min_tokens(self.min_tokens))
     object.__setattr__(self, "logit_bias", check_logit_bias(self.logit_bias))
+    object.__setattr__(self, "allowed_token_ids",
+                       check_allowed_token_ids(self.allowed_token_ids))
     penalties = check_penalties(self.repetition_penalty, self.presence_penalty,
                                 self.frequency_penalty)
     for name, value in zip(("repetition_penalty", "presence_penalty", "frequency_penalty"),
@@ -82,7 +87,8 @@ class SamplingConfig:
     (min_tokens holds those back), in a request of max_new_tokens."""
     return Penalties.of(self.repetition_penalty, self.presence_penalty, self.frequency_penalty,
                         min_tokens=self.min_tokens, eos_ids=eos_ids, logit_bias=self.logit_bias,
-                        vocab_size=vocab_size, max_new_tokens=max_new_tokens)
+                        allowed_token_ids=self.allowed_token_ids, vocab_size=vocab_size,
+                        max_new_tokens=max_new_tokens)
 
 
 def probabilities(logits_BxV: jax.Array, cfg: SamplingConfig | Filters) -> jax.Array:

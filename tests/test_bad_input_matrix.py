@@ -244,6 +244,11 @@ API = [
      ValueError, "[-100, 100]"),
     ("decode: logit_bias id past the vocabulary", decode(
         sampling=SamplingConfig(logit_bias={V: -1.0})), ValueError, "outside the vocabulary"),
+    ("decode: allowed_token_ids past the vocabulary", decode(
+        sampling=SamplingConfig(allowed_token_ids=[1, V])), ValueError,
+     "allowed_token_ids names token id 32 outside the vocabulary"),
+    ("SamplingConfig: allowed_token_ids empty", lambda: SamplingConfig(allowed_token_ids=()),
+     ValueError, "allowed_token_ids is empty"),
     ("tree decode: min_tokens past max_new_tokens", tree_decode(
         sampling=SamplingConfig(min_tokens=99)), ValueError, "is more than max_new_tokens"),
     # --- custom models and drafters that break their contract (named at trace time) ---------

@@ -76,6 +76,8 @@ from tests.test_bench_cli import tiny_target  # noqa: F401  (module fixture)
     (["--prompt", "hi", "--stop-token-ids", "-3"],
      "--stop-token-ids: token id -3 is outside any vocabulary"),
     (["--prompt", "hi", "--n", "0"], "--n must be in [1, 4096], got 0"),
+    (["--prompt", "hi", "--allowed-token-ids", "1,a"],
+     "--allowed-token-ids must be comma-separated integers, got '1,a'"),
     (["--prompt", "hi", "--n", "2"], "n=2 asks for 2 samples, but temperature 0 is greedy "
      "decoding: every one would be the same answer; set a temperature > 0"),
     (["--prompt", "hi", "--n", "2", "--temperature", "1", "--stream"],
@@ -230,9 +232,10 @@ def test_asd_settings_from_the_preset_and_k_from_the_drafter(tiny_target, capsys
     ("stops.jsonl", '{"prompt": "a", "stop": ["x", ""]}\n', 'line 1: an empty "stop" string'),
     ("typo.jsonl", '{"prompt": "a"}\n{"prompt": "b", "stops": ["x"]}\n',
      "line 2 has key(s) 'stops', which a request does not take (did you mean 'stop'?); the keys "
-     "are 'frequency_penalty', 'ignore_eos', 'include_stop_str_in_output', 'logit_bias', "
-     "'max_new_tokens', 'messages', 'min_p', 'min_tokens', 'n', 'presence_penalty', 'prompt', "
-     "'repetition_penalty', 'seed', 'stop', 'stop_token_ids', 'temperature', 'top_k', 'top_p'"),
+     "are 'allowed_token_ids', 'frequency_penalty', 'ignore_eos', 'include_stop_str_in_output', "
+     "'logit_bias', 'max_new_tokens', 'messages', 'min_p', 'min_tokens', 'n', "
+     "'presence_penalty', 'prompt', 'repetition_penalty', 'seed', 'stop', 'stop_token_ids', "
+     "'temperature', 'top_k', 'top_p'"),
     ("far.jsonl", '{"prompt": "a", "xyz": 1}\n',
      "line 1 has key(s) 'xyz', which a request does not take; the keys are"),
     ("include.jsonl", '{"prompt": "a", "include_stop_str_in_output": "yes"}\n',
@@ -372,6 +375,8 @@ def test_a_conversation_or_system_message_reaches_the_template(tiny_target, tmp_
      "logit_bias names token id(s) [96] outside the vocabulary [0, 96)"),
     (["--prompt-ids", "3", "--stop-token-ids", "5,96"],
      "--stop-token-ids: token id 96 is outside the vocabulary [0, 96)"),
+    (["--prompt-ids", "3", "--allowed-token-ids", "5,96"],
+     "allowed_token_ids names token id 96 outside the vocabulary [0, 96)"),
 ])
 def test_a_request_past_the_vocabulary_is_refused_before_the_model_loads(flags, message,
                                                                           tmp_path, capsys):
@@ -497,10 +502,12 @@ def test_a_line_can_set_its_own_sampling(tiny_target, tmp_path, capsys):  # noqa
            {"prompt": "the list of numbers", "repetition_penalty": 1.5},
            {"prompt": "return the list", "logit_bias": {"7": 5, "9": -3}},
            {"prompt": "write a python function"},
-           {"prompt": "a", "min_tokens": 7, "frequency_penalty": 0.5}]
+           {"prompt": "a", "min_tokens": 7, "frequency_penalty": 0.5},
+           {"prompt": "the list", "allowed_token_ids": [11, 12, 13, 40]}]
   flags = [["--temperature", "1", "--top-k", "20", "--seed", "3"],
            ["--repetition-penalty", "1.5"], ["--logit-bias", "7=5", "--logit-bias", "9=-3"],
-           [], ["--min-tokens", "7", "--frequency-penalty", "0.5"]]
+           [], ["--min-tokens", "7", "--frequency-penalty", "0.5"],
+           ["--allowed-token-ids", "11,12,13,40"]]
   (tmp_path / "q.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
   common = ["--target", str(tiny_target), "--max-new-tokens", "8", "--json"]
 
@@ -515,13 +522,14 @@ def test_a_line_can_set_its_own_sampling(tiny_target, tmp_path, capsys):  # noqa
     # line 3's bias moves the greedy answer.
     assert alone_tokens[0] != alone_tokens[3]
     assert alone_tokens[2] != run("--prompt", lines[2]["prompt"], *draft)["tokens"]
-    for batch in ("1", "2", "5"):
+    for batch in ("1", "2", "6"):
       out = run("--prompts-file", str(tmp_path / "q.jsonl"), "--batch-size", batch, *draft)
       assert [a["tokens"] for a in out["answers"]] == alone_tokens, (draft, batch)
       assert [a["prompt"] for a in out["answers"]] == [line["prompt"] for line in lines]
       if draft:
         assert [a["rounds"] for a in out["answers"]] == [a["stats"]["rounds"] for a in alone]
   assert len(alone_tokens[4]) >= 7
+  assert set(alone_tokens[5]) <= {11, 12, 13, 40}
 
 
 def test_n_samples_are_the_prompt_given_n_times(tiny_target, tmp_path, capsys):  # noqa: F811

@@ -92,21 +92,25 @@ def test_other_penalty_values_reuse_the_compiled_loop(engine):
 
 
 @pytest.mark.parametrize("engine", sorted(_ENGINES))
-def test_other_min_tokens_and_logit_bias_values_reuse_the_compiled_loop(engine):
+def test_other_min_tokens_logit_bias_and_allowed_values_reuse_the_compiled_loop(engine):
   decode = _ENGINES[engine]
   eos = (3, 8)
 
-  def run(min_tokens, bias):
-    out = decode(SamplingConfig(0.7, min_tokens=min_tokens, logit_bias=bias), eos_ids=eos)
+  def run(min_tokens, bias, allowed):
+    out = decode(SamplingConfig(0.7, min_tokens=min_tokens, logit_bias=bias,
+                                allowed_token_ids=allowed), eos_ids=eos)
     return np.asarray(out.tokens_BxN)
 
-  first = run(4, {1: 2.0, 5: -3.0})
+  first = run(4, {1: 2.0, 5: -3.0}, range(40))
   before = _COMPILATIONS.count
-  others = [run(m, bias) for m, bias in ((2, {7: 5.0}), (12, {1: -100.0, 2: 100.0}))]
-  again = run(4, {1: 2.0, 5: -3.0})
+  others = [run(*values) for values in ((2, {7: 5.0}, range(20, 61)),
+                                        (12, {1: -100.0, 2: 100.0}, range(61)),
+                                        (1, {1: 1.0}, [9, 10]))]
+  again = run(4, {1: 2.0, 5: -3.0}, range(40))
   assert _COMPILATIONS.count == before
   np.testing.assert_array_equal(again, first)
-  # The values reach the program: a +100 bias makes token 2 every token.
+  # The values reach the program: a +100 bias makes token 2 every token; the allowed ids hold.
   assert (others[1] == 2).all() and not np.array_equal(others[0], first)
+  assert np.isin(others[2], [9, 10]).all() and (others[0] >= 20).all()
   decode(SamplingConfig(0.7, logit_bias={1: 2.0}), eos_ids=eos)  # min_tokens off
   assert _COMPILATIONS.count > before  # the control: another program

@@ -1,4 +1,4 @@
-"""min_tokens and logit_bias (asd_jax/penalties.py) in every engine.
+"""min_tokens, logit_bias and allowed_token_ids (asd_jax/penalties.py) in every engine.
 
 By-hand values; plain decoding against a float64 reference loop; strict chain, n-gram, tree and
 tree-ASD-at-budget-0 decoding equal plain decoding (the check fails when a round's rows ignore
@@ -40,13 +40,17 @@ _FREE = _greedy_tokens()
 _EOS = tuple(sorted(set(_FREE[:, 1].tolist())))
 # A bias that moves greedy choices: favour a token the answers never pick, punish an EOS.
 _BIAS = {int(np.setdiff1d(np.arange(VOCAB), _FREE)[0]): 3.0, _EOS[0]: -1.5}
+# Tokens the answers may hold: every other id, the EOS ids among them.
+_ALLOWED = tuple(range(0, VOCAB, 2)) + _EOS
 SETTINGS = [dict(min_tokens=6), dict(min_tokens=MAX_NEW), dict(logit_bias=_BIAS),
-            dict(min_tokens=9, logit_bias=_BIAS, repetition_penalty=1.3)]
+            dict(min_tokens=9, logit_bias=_BIAS, repetition_penalty=1.3),
+            dict(allowed_token_ids=_ALLOWED, min_tokens=4)]
 
 
 def reference_step(z, output, min_tokens=0, logit_bias=None, repetition_penalty=1.0,
-                   prompt=()):
-  """float64 logits after the edits, token by token (bias, repetition penalty, EOS ban)."""
+                   allowed_token_ids=None, prompt=()):
+  """float64 logits after the edits, token by token (bias, repetition penalty, EOS ban,
+  allowed ids)."""
   z = np.array(z, np.float64)
   for token, bias in (logit_bias or {}).items():
     z[token] += bias
@@ -54,6 +58,8 @@ def reference_step(z, output, min_tokens=0, logit_bias=None, repetition_penalty=
     z[token] = z[token] / repetition_penalty if z[token] > 0 else z[token] * repetition_penalty
   if len(output) < min_tokens:
     z[list(_EOS)] = -np.inf
+  if allowed_token_ids is not None:
+    z[[t for t in range(len(z)) if t not in allowed_token_ids]] = -np.inf
   return z
 
 
@@ -79,6 +85,11 @@ def test_penalize_by_hand():
       want = [-0.5, 0.0, -np.inf if r < banned_rows else 0.5]
       np.testing.assert_allclose(got[b, r, :3], want, err_msg=f"row {b} logits row {r}")
       assert np.isnan(got[b, r, 3])
+  # allowed_token_ids: every other token is -inf, a NaN still passes.
+  only = penalties.Penalties.of(allowed_token_ids=[1, 3], vocab_size=4)
+  got = np.asarray(penalties.penalize(z[:, 0], None, only))
+  assert (got[:, [0, 2]] == -np.inf).all() and (got[:, 1] == -1.0).all()
+  assert np.isnan(got[:, 3]).all()
   # No EOS ids (--ignore-eos) or min_tokens 0: nothing is held back.
   assert not penalties.Penalties.of(min_tokens=3).on
   assert not penalties.Penalties.of(eos_ids=(2,)).on
@@ -101,6 +112,8 @@ def test_plain_decoding_follows_the_reference_loop(setting):
     if "min_tokens" in setting:
       assert k >= setting["min_tokens"]
       assert not set(_EOS) & set(ids[n:n + setting["min_tokens"] - 1])
+    if "allowed_token_ids" in setting:
+      assert set(ids[n:]) <= set(_ALLOWED) and not set(ids[n:]) <= set(_EOS)
 
 
 def _engines(eos):
@@ -188,7 +201,7 @@ def test_the_target_drafting_for_itself_accepts_every_draft():
 
 
 def test_sampled_answers_hold_eos_back_until_min_tokens():
-  sampling = SamplingConfig(temperature=1.0, min_tokens=5)
+  sampling = SamplingConfig(temperature=1.0, min_tokens=5, allowed_token_ids=_ALLOWED)
   prompt, lengths = np.tile(_PROMPT[:1], (64, 1)), np.tile(_LENGTHS[:1], 64)
   for out in (plain_decode(_FNS, _PARAMS, prompt, lengths, max_new_tokens=12, eos_ids=_EOS,
                            sampling=sampling, seed=np.arange(64)),
@@ -197,13 +210,15 @@ def test_sampled_answers_hold_eos_back_until_min_tokens():
                          sampling=sampling, seed=np.arange(64))):
     tok, n = np.asarray(out.tokens_BxN), np.asarray(out.num_generated_B)
     assert (n >= 5).all() and not np.isin(tok[:, :4], _EOS).any()
+    kept = np.arange(tok.shape[1])[None] < n[:, None]
+    assert np.isin(tok[kept], _ALLOWED).all()  # and hold only the allowed ids
     assert np.isin(tok[np.arange(64), n - 1], _EOS).any()  # an EOS does end answers later
 
 
 def test_speculative_sampling_is_lossless():
   """200,000 samples of chain speculative sampling at T=1 with min_tokens=2 (the 1st and 2nd
-  tokens may not be EOS, the 3rd may) and a logit bias, against the exact law of the first
-  three tokens."""
+  tokens may not be EOS, the 3rd may), a logit bias and allowed_token_ids (all but two), against
+  the exact law of the first three tokens."""
   from tests.test_spec_decode_sampling import PROMPT, ROWS, CALLS, V
   target = random_decoder(seed=11, vocab=V, num_layers=2, hidden=32)
   fns, params = decoder_fns(target)
@@ -215,6 +230,7 @@ def test_speculative_sampling_is_lossless():
       fns.init_cache(ids.shape[0], t + 2))[0], np.float64)
   eos = int(np.argmax(logits[0, t - 1]))  # the likeliest first token
   bias = {(eos + 1) % V: 1.5, (eos + 2) % V: -2.0}
+  allowed = [t for t in range(V) if t not in ((eos + 3) % V, (eos + 4) % V)]
 
   def law(z, output_length):
     z = z.copy()
@@ -222,6 +238,7 @@ def test_speculative_sampling_is_lossless():
       z[token] += b
     if output_length < 2:
       z[eos] = -np.inf
+    z[[t for t in range(V) if t not in allowed]] = -np.inf
     return np.asarray(probabilities(jnp.asarray(z[None], jnp.float32),
                                     SamplingConfig(temperature=1.0)), np.float64)[0]
 
@@ -232,7 +249,8 @@ def test_speculative_sampling_is_lossless():
   unedited = np.asarray(probabilities(jnp.asarray(logits[0, t - 1][None], jnp.float32),
                                       SamplingConfig(temperature=1.0)))[0]
   assert _tv(exact.sum(axis=(1, 2)), unedited) > 5 * TV_LIMIT  # the edits matter here
-  sampling = SamplingConfig(temperature=1.0, min_tokens=2, logit_bias=bias)
+  sampling = SamplingConfig(temperature=1.0, min_tokens=2, logit_bias=bias,
+                            allowed_token_ids=allowed)
   counts = np.zeros((V, V, V))
   for call in range(CALLS):
     out = asd_decode(fns, params, lm_chain_drafter(fns, 2), dparams,
@@ -274,7 +292,11 @@ def test_a_stop_string_counts_only_from_min_tokens_on():
     (dict(min_tokens=2.0), "min_tokens"), (dict(logit_bias={3: 100.5}), r"\[-100, 100\]"),
     (dict(logit_bias={3: np.nan}), r"\[-100, 100\]"), (dict(logit_bias={-1: 1.0}), "token id"),
     (dict(logit_bias={"3": 1.0}), "token id"), (dict(logit_bias=[(3, 1.0), (3, 2.0)]), "twice"),
-    (dict(logit_bias=5), "logit_bias"), (dict(logit_bias=[(3,)]), "logit_bias")])
+    (dict(logit_bias=5), "logit_bias"), (dict(logit_bias=[(3,)]), "logit_bias"),
+    (dict(allowed_token_ids=[]), "allowed_token_ids is empty"),
+    (dict(allowed_token_ids=[1, -2]), "allowed_token_ids: a token id must be an integer >= 0"),
+    (dict(allowed_token_ids="12"), "allowed_token_ids must be a list of token ids"),
+    (dict(allowed_token_ids=[1.0]), "allowed_token_ids: a token id")])
 def test_bad_settings_are_refused(kwargs, match):
   with pytest.raises(ValueError, match=match):
     SamplingConfig(**kwargs)
@@ -284,6 +306,12 @@ def test_settings_the_model_cannot_honour_are_refused_before_decoding():
   with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 97\)"):
     plain_decode(_FNS, _PARAMS, _PROMPT, _LENGTHS, max_new_tokens=8,
                  sampling=SamplingConfig(logit_bias={97: 1.0}))
+  with pytest.raises(ValueError, match=r"token id 97 outside the vocabulary \[0, 97\)"):
+    plain_decode(_FNS, _PARAMS, _PROMPT, _LENGTHS, max_new_tokens=8,
+                 sampling=SamplingConfig(allowed_token_ids=[3, 97]))
+  with pytest.raises(ValueError, match="holds only EOS ids, which min_tokens holds back"):
+    plain_decode(_FNS, _PARAMS, _PROMPT, _LENGTHS, max_new_tokens=8, eos_ids=(3, 4),
+                 sampling=SamplingConfig(allowed_token_ids=[3], min_tokens=2))
   for decode in (lambda s: plain_decode(_FNS, _PARAMS, _PROMPT, _LENGTHS, max_new_tokens=8,
                                         sampling=s),
                  lambda s: asd_decode(_FNS, _PARAMS, ngram_drafter(4, VOCAB), None, _PROMPT,
