@@ -103,8 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
                  help="comma-separated token ids: the only ones an answer may hold (vLLM's "
                  "allowed_token_ids; list an EOS id too, or answers end only at their length)")
   p.add_argument("--seed", type=int, default=0,
-                 help="sampling seed; with --prompts-file, prompt i (from 0) samples with seed "
-                 "+ i, so each answer is the one it gets alone with that seed, in any batch")
+                 help="sampling seed; with --prompts-file or --n, answer i (from 0) samples with "
+                 "seed + i, so each answer is the one it gets alone with that seed, in any batch")
   p.add_argument("--n", type=int, default=1,
                  help="answers per prompt (vLLM's n): N samples, as if each prompt were given N "
                  "times (seeds included); needs --temperature > 0")
@@ -364,10 +364,10 @@ def main(argv=None):
     raise ValueError(f"--seed must be in [0, 2**32), got {args.seed}" if last == 0 else
                      f"--seed {args.seed}: answer i samples with seed + i, so with "
                      f"{last + 1} answers --seed must be in [0, {2**32 - 1 - last}]")
-  for i, (own, c) in enumerate(zip(own_seeds, copies)):
-    if own is not None and own + c - 1 > 2**32 - 1:
+  for i, (first, c) in enumerate(zip(own_seeds, copies)):
+    if first is not None and first + c - 1 > 2**32 - 1:
       raise ValueError(f"--prompts-file {args.prompts_file}: line {i + 1}: its {c} samples "
-                       f"draw with seeds {own}..{own + c - 1}, past 2**32 - 1")
+                       f"draw with seeds {first}..{first + c - 1}, past 2**32 - 1")
   # Each answer's max_new_tokens: a .jsonl line's own, else --max-new-tokens; the decode calls
   # all take the largest (one output buffer size), and each row stops at its own.
   max_new = ([args.max_new_tokens] if lines is None else
@@ -403,7 +403,7 @@ def main(argv=None):
       check_prompts(np.array([ids]), np.array([len(ids)]), vocab_size)
     check_logprobs_request(args.logprobs, args.top_logprobs, vocab_size)
     for own in set(samplings):
-      own.penalties(vocab_size)  # a logit_bias id past the vocabulary
+      own.penalties(vocab_size)  # a logit_bias or allowed_token_ids id past the vocabulary
     for i, own_ids in enumerate(row_stop_ids):
       outside = [t for t in own_ids if t >= vocab_size]
       if outside:

@@ -206,8 +206,9 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
       `asd_config`; the ledger persists across rounds for the whole request) or "sample"
       (lossless speculative sampling with `sampling`; output distributed as plain sampling;
       at temperature 0 that is greedy decoding, and it runs as "strict"). `sampling`'s
-      logit edits (logit_bias, min_tokens, the penalties: asd_jax/penalties.py) apply under
-      every rule: strict still equals plain greedy decoding with the same settings.
+      logit edits (logit_bias, the penalties, min_tokens, allowed_token_ids:
+      asd_jax/penalties.py) apply under every rule: strict still equals plain greedy decoding
+      with the same settings.
     eos_ids: a row stops after emitting any of these (kept in the output).
     seed: an int, or int[B] one per request (asd_jax.sampling_keys.row_keys). Each row draws
       from its own key, so with per-request seeds a sampled row equals the same request run
