@@ -94,27 +94,30 @@ def test_a_drafter_built_again_is_the_same_drafter_and_compiles_nothing():
 
 
 def test_a_decoder_of_the_same_architecture_gets_the_same_functions_and_its_own_tokens():
+  # The module's _FNS came from the cache at import; the cache keeps ARCHITECTURES_KEPT entries,
+  # and the tests this worker ran since may have pushed it out. So ask for it now.
+  base = decoder_fns(_TARGET)[0]
   other_seed = random_decoder(seed=8, vocab=VOCAB, num_layers=1)
   fns, params = decoder_fns(other_seed)
-  assert fns is _FNS  # same config and graph, other weights
+  assert fns is base  # same config and graph, other weights
   # Another architecture, other hidden-layer outputs or another name: other functions.
-  assert decoder_fns(random_decoder(seed=3, vocab=VOCAB, num_layers=2))[0] is not _FNS
-  assert decoder_fns(_TARGET, hidden_layers=(0,))[0] is not _FNS
+  assert decoder_fns(random_decoder(seed=3, vocab=VOCAB, num_layers=2))[0] is not base
+  assert decoder_fns(_TARGET, hidden_layers=(0,))[0] is not base
   assert decoder_fns(_TARGET, hidden_layers=[0])[0] is decoder_fns(_TARGET, (0,))[0]
-  assert decoder_fns(_TARGET, name="target")[0] is not _FNS
+  assert decoder_fns(_TARGET, name="target")[0] is not base
 
   prompt, lengths = random_prompts(np.random.RandomState(2), 2, 7, VOCAB)
   kw = dict(prompt_BxT=prompt, lengths_B=lengths, max_new_tokens=6)
-  plain_decode(_FNS, _PARAMS, **kw)
+  plain_decode(base, _PARAMS, **kw)
   programs = _plain_decode._cache_size()
   shared = plain_decode(fns, params, **kw)
   assert _plain_decode._cache_size() == programs, "the same architecture compiled another loop"
   # The weights are arguments: the shared program decodes the other model, not the first one.
   own_fns = lm_fns._decoder_fns.__wrapped__(*_split_key(other_seed))
-  assert own_fns is not _FNS
+  assert own_fns is not base
   own = plain_decode(own_fns, params, **kw)
   np.testing.assert_array_equal(shared.tokens_BxN, own.tokens_BxN)
-  assert not np.array_equal(shared.tokens_BxN, plain_decode(_FNS, _PARAMS, **kw).tokens_BxN)
+  assert not np.array_equal(shared.tokens_BxN, plain_decode(base, _PARAMS, **kw).tokens_BxN)
 
 
 def _split_key(model):
