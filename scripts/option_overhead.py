@@ -1,5 +1,5 @@
 """What an option costs the decode loop: stop strings, a token stream, logprobs, or the logit
-edits min_tokens and logit_bias.
+edits min_tokens, logit_bias and allowed_token_ids.
 
   python scripts/option_overhead.py --option stop --json docs/bench/option_overhead_stop_cpu.json
   python scripts/option_overhead.py --option logprobs --json out/option_overhead_logprobs.json
@@ -13,9 +13,10 @@ is decoded with and without the option, EOS ignored, `--max-new-tokens` each:
 - stream: a TokenStream whose callback does nothing; the same callback round trip.
 - logprobs: logprobs=True; a log-softmax over the vocabulary per committed position.
 - top-logprobs: logprobs=True, top_logprobs=5; also a top-5 over the vocabulary per position.
-- min-tokens-bias: min_tokens = --max-new-tokens, holding back an "EOS" (the vocabulary's
-  second-to-last id, which the answers never choose), and a logit_bias of -100 on its last id:
-  the bias added and the EOS masked at every position, which change no choice here.
+- logit-edits: min_tokens = --max-new-tokens, holding back an "EOS" (the vocabulary's
+  second-to-last id, which the answers never choose), a logit_bias of -100 on its last id and
+  allowed_token_ids of every id but the last: the bias added and the two masks applied at every
+  position, which change no choice here.
 The two runs of an engine alternate prompt by prompt (`--passes` times over the prompts), so
 both see the same background load; the table gives tokens per second, the ratio, and the added
 milliseconds per decode step (plain: per token; speculative: per verification round). The
@@ -46,7 +47,7 @@ from models.lm_fns import decoder_fns  # noqa: E402
 from models.load import load_decoder  # noqa: E402
 from models.tokenizer import check_tokenizer_fits, encode_chat, load_tokenizer  # noqa: E402
 
-OPTIONS = ("stop", "stop-ungated", "stream", "logprobs", "top-logprobs", "min-tokens-bias")
+OPTIONS = ("stop", "stop-ungated", "stream", "logprobs", "top-logprobs", "logit-edits")
 
 
 def engine_calls(args, loaded):
@@ -76,9 +77,10 @@ def engine_calls(args, loaded):
 
 def option_kwargs(name: str, tokenizer, stop_text: str, vocab_size: int,
                   max_new_tokens: int) -> dict:
-  if name == "min-tokens-bias":
+  if name == "logit-edits":
     return {"sampling": SamplingConfig(min_tokens=max_new_tokens,
-                                       logit_bias={vocab_size - 1: -100.0}),
+                                       logit_bias={vocab_size - 1: -100.0},
+                                       allowed_token_ids=range(vocab_size - 1)),
             "eos_ids": (vocab_size - 2,)}
   if name == "stop":
     return {"stop": StopStrings.from_tokenizer(tokenizer, (stop_text,))}
