@@ -232,6 +232,14 @@ def batches_by_settings(settings: list, batch_size: int) -> list[list[int]]:
           for start in range(0, len(rows), batch_size)]
 
 
+def line_values(lines, field: str, flag_value) -> list:
+  """Each request's value of a setting a .jsonl line may give: its line's own `field` where
+  set (not None), else the flag's (one request without a prompts file)."""
+  if lines is None:
+    return [flag_value]
+  return [flag_value if getattr(line, field) is None else getattr(line, field) for line in lines]
+
+
 def finish_reason(tokens: list[int], raw_text: str, eos, stop, nonfinite: bool,
                   stop_after: int = 0, stop_token_ids=()) -> str:
   """Why an answer ended: stop (one of its stop strings, ending past its first stop_after
@@ -315,7 +323,7 @@ def main(argv=None):
   if not 1 <= args.n <= MAX_SAMPLES:
     raise ValueError(f"--n must be in [1, {MAX_SAMPLES}], got {args.n}")
   # Each prompt's number of answers: a .jsonl line's own "n", else --n.
-  copies = [args.n] if lines is None else [line.n or args.n for line in lines]
+  copies = line_values(lines, "n", args.n)
   if messages is None and args.batch_size is not None and args.n == 1:
     raise ValueError("--batch-size sets the rows decoded together from --prompts-file or "
                      "--n; pass one of them or drop it")
@@ -356,7 +364,7 @@ def main(argv=None):
   sample_of = [j for c in copies for j in range(c)]
   # Each answer's sampling seed: its .jsonl line's own + its sample index, else --seed + its
   # index among the answers (row_keys takes uint32 seeds, so they must stay below 2**32).
-  own_seeds = [None] if lines is None else [line.seed for line in lines]
+  own_seeds = line_values(lines, "seed", None)
   seeds = [args.seed + r if own_seeds[i] is None else own_seeds[i] + j
            for r, (i, j) in enumerate(zip(prompt_of, sample_of))]
   last = max((r for r, i in enumerate(prompt_of) if own_seeds[i] is None), default=0)
@@ -370,18 +378,14 @@ def main(argv=None):
                        f"draw with seeds {first}..{first + c - 1}, past 2**32 - 1")
   # Each answer's max_new_tokens: a .jsonl line's own, else --max-new-tokens; the decode calls
   # all take the largest (one output buffer size), and each row stops at its own.
-  max_new = ([args.max_new_tokens] if lines is None else
-             [line.max_new_tokens or args.max_new_tokens for line in lines])
+  max_new = line_values(lines, "max_new_tokens", args.max_new_tokens)
   longest_answer = max(max_new)
   # Each answer's stop token ids (--stop-token-ids', plus its .jsonl line's own) and whether it
   # ignores EOS (a line's own "ignore_eos", else --ignore-eos).
   row_stop_ids = [stop_ids] if lines is None else [
       tuple(dict.fromkeys(stop_ids + line.stop_token_ids)) for line in lines]
-  row_ignore_eos = [args.ignore_eos] if lines is None else [
-      args.ignore_eos if line.ignore_eos is None else line.ignore_eos for line in lines]
-  row_include_stop = [args.include_stop_str] if lines is None else [
-      args.include_stop_str if line.include_stop is None else line.include_stop
-      for line in lines]
+  row_ignore_eos = line_values(lines, "ignore_eos", args.ignore_eos)
+  row_include_stop = line_values(lines, "include_stop", args.include_stop_str)
   # Each answer's sampling settings: the flags', or a .jsonl line's own in place of them.
   samplings = [sampling] if lines is None else line_samplings(sampling, lines, args.prompts_file)
   for i, (own, n) in enumerate(zip(samplings, max_new)):
