@@ -37,6 +37,7 @@ from asd_jax.cli_common import (MAX_SAMPLES, attach_dash_values, check_positive_
                                 enable_compilation_cache, parse_prompt_ids, read_prompts_file,
                                 right_pad, run_cli, text_stream)
 from asd_jax.asd_config import PRESETS, preset_with
+from asd_jax.penalties import check_min_tokens_fit
 from asd_jax.plain_decode import plain_decode
 from asd_jax.request_checks import check_prompts
 from asd_jax.sampling import SamplingConfig
@@ -390,9 +391,10 @@ def main(argv=None):
   samplings = [sampling] if lines is None else line_samplings(sampling, lines, args.prompts_file)
   for i, (own, n) in enumerate(zip(samplings, max_new)):
     where = "" if lines is None else f"--prompts-file {args.prompts_file}: line {i + 1}: "
-    if own.min_tokens > n:
-      raise ValueError(f"{where}min_tokens ({own.min_tokens}) is more than max_new_tokens ({n}): "
-                       "no answer could have that many tokens")
+    try:
+      check_min_tokens_fit(own.min_tokens, n)
+    except ValueError as e:
+      raise ValueError(f"{where}{e}") from None
     if args.draft is not None and (args.rule or "strict") in ("strict", "asd") and not own.greedy:
       raise ValueError(f"{where}--rule {args.rule or 'strict'} is greedy verification; "
                        f"temperature {own.temperature} needs --rule sample (or temperature 0)")

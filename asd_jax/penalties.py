@@ -65,6 +65,14 @@ def check_min_tokens(min_tokens) -> int:
   return int(min_tokens)
 
 
+def check_min_tokens_fit(min_tokens: int, max_new_tokens: int) -> None:
+  """A min_tokens above the request's max_new_tokens is refused, as vLLM refuses one above
+  max_tokens: no answer could have that many tokens."""
+  if min_tokens > max_new_tokens:
+    raise ValueError(f"min_tokens ({min_tokens}) is more than max_new_tokens "
+                     f"({max_new_tokens}): no answer could have that many tokens")
+
+
 def check_allowed_token_ids(allowed) -> tuple[int, ...] | None:
   """Validates allowed_token_ids (None = every token; else token ids >= 0, at least one);
   returns them sorted, without repeats. Raises ValueError."""
@@ -143,9 +151,8 @@ class Penalties:
     above max_tokens)."""
     repetition, presence, frequency = check_penalties(repetition, presence, frequency)
     min_tokens = check_min_tokens(min_tokens)
-    if max_new_tokens is not None and min_tokens > max_new_tokens:
-      raise ValueError(f"min_tokens ({min_tokens}) is more than max_new_tokens "
-                       f"({max_new_tokens}): no answer could have that many tokens")
+    if max_new_tokens is not None:
+      check_min_tokens_fit(min_tokens, max_new_tokens)
     bias_V = None
     pairs = check_logit_bias(logit_bias)
     if pairs:
