@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import re
 import sys
 import time
@@ -133,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--top-logprobs", type=int, default=0, metavar="L",
                  help="with --logprobs: also the target's L most likely tokens at each output "
                  "position, with their log-probabilities (most likely first)")
+  p.add_argument("--prompt-logprobs", type=int, metavar="L",
+                 help="with --json: each prompt token's log-probability under the target given "
+                 "the tokens before it (vLLM's prompt_logprobs; the first is null), and with L "
+                 "> 0 the target's L likeliest tokens there too; costs one more pass over the "
+                 "prompt (0 = just the prompt tokens' own)")
   p.add_argument("--stream", action="store_true",
                  help="print the answer as it is generated (tokens/s then include the printing)")
   spec = p.add_argument_group("speculative decoding")
@@ -267,8 +273,38 @@ def top_candidates(tokenizer, ids_NxL, logprobs_NxL) -> list[list[dict]]:
   log-probability, most likely first."""
   ids = np.asarray(ids_NxL).tolist()
   texts = {i: tokenizer.decode([i]) for i in {i for row in ids for i in row}}
-  return [[{"id": i, "token": texts[i], "logprob": lp} for i, lp in zip(row_ids, row_lps)]
+  return [[{"id": i, "token": texts[i], "logprob": lp if math.isfinite(lp) else None}
+           for i, lp in zip(row_ids, row_lps)]
           for row_ids, row_lps in zip(ids, json_logprobs(logprobs_NxL))]
+
+
+# The keys --prompt-logprobs adds to each answer (score_prompts).
+PROMPT_KEYS = ("prompt_token_ids", "prompt_logprobs", "prompt_top_logprobs",
+               "prompt_nonfinite_logits")
+
+
+def score_prompts(fns, params, tokenizer, rows: list[list[int]], top: int,
+                  batch_size: int) -> list[dict]:
+  """--prompt-logprobs: each prompt's token ids (after the chat template: what was scored), its
+  tokens' log-probabilities (null first: nothing precedes it to predict it, and null where the
+  logits were not finite) and, with top > 0, the likeliest `top` tokens at each position."""
+  from asd_jax.prompt_logprobs import prompt_logprobs
+  scored = []
+  for start in range(0, len(rows), batch_size):
+    batch = rows[start:start + batch_size]
+    prompt, lengths = right_pad(batch)
+    result = jax.device_get(prompt_logprobs(fns, params, prompt, lengths, top_logprobs=top))
+    for b, row in enumerate(batch):
+      n = len(row)
+      values = [None] + [v if math.isfinite(v) else None
+                         for v in json_logprobs(result.logprobs_BxT[b, 1:n])]
+      entry = {"prompt_token_ids": list(row), "prompt_logprobs": values,
+               "prompt_nonfinite_logits": bool(result.nonfinite_B[b])}
+      if top:
+        entry["prompt_top_logprobs"] = [None] + top_candidates(
+            tokenizer, result.top_token_ids_BxTxL[b, 1:n], result.top_logprobs_BxTxL[b, 1:n])
+      scored.append(entry)
+  return scored
 
 
 def check_rows_fit(rows: list[list[int]], max_new: list[int], max_positions: int | None,
@@ -347,6 +383,12 @@ def main(argv=None):
   if args.top_logprobs and not args.logprobs:
     raise ValueError("--top-logprobs lists the likeliest tokens beside each token's own "
                      "log-probability; pass --logprobs (and --json)")
+  if args.prompt_logprobs is not None:
+    if not args.json:
+      raise ValueError("--prompt-logprobs adds each prompt token's log-probability to the --json "
+                       "output; pass --json")
+    if args.prompt_logprobs < 0:
+      raise ValueError(f"--prompt-logprobs must be >= 0, got {args.prompt_logprobs}")
   if args.stream and args.json:
     raise ValueError("--stream prints text as it arrives; it cannot be combined with --json")
   asd_config = preset_with(args.asd_preset or "paper", budget=args.budget, gate=args.gate,
@@ -408,6 +450,8 @@ def main(argv=None):
     if ids is not None:
       check_prompts(np.array([ids]), np.array([len(ids)]), vocab_size)
     check_logprobs_request(args.logprobs, args.top_logprobs, vocab_size)
+    if args.prompt_logprobs is not None:
+      check_logprobs_request(True, args.prompt_logprobs, vocab_size)
     for own in set(samplings):
       own.penalties(vocab_size)  # a logit_bias or allowed_token_ids id past the vocabulary
     for i, own_ids in enumerate(row_stop_ids):
@@ -444,6 +488,11 @@ def main(argv=None):
       tuple(dict.fromkeys(stop_strings + line.stop)) for line in lines]
   stop_sets = {s: StopStrings.from_tokenizer(tokenizer, s) for s in set(wanted) if s}
   row_stop = [stop_sets.get(s) for s in wanted]
+  t0 = time.perf_counter()
+  scored_prompts = (None if args.prompt_logprobs is None else
+                    score_prompts(fns, params, tokenizer, rows, args.prompt_logprobs,
+                                  batch_size))
+  score_s = time.perf_counter() - t0  # not in wall_s: that is the decoding's
   if len(prompt_of) > len(copies):  # from here on, one row per answer
     rows, max_new, samplings, row_eos, row_stop_ids, row_stop, row_include_stop = (
         [per_prompt[i] for i in prompt_of] for per_prompt in (
@@ -511,6 +560,8 @@ def main(argv=None):
       if args.top_logprobs:
         answer["top_logprobs"] = top_candidates(
             tokenizer, result.top_token_ids_BxNxL[b, :n], result.top_logprobs_BxNxL[b, :n])
+      if scored_prompts is not None:
+        answer.update(scored_prompts[prompt_of[i]])
       answers[i] = answer
   wall_s = time.perf_counter() - t0  # includes compilation unless the persistent cache had it
   # The results hold the rows in the batches' order; row i is at place[i] there.
@@ -534,6 +585,7 @@ def main(argv=None):
       "new_tokens": n_total,
       "load_s": round(load_s, 3),
       "wall_s": round(wall_s, 3),
+      **({} if scored_prompts is None else {"prompt_logprobs_s": round(score_s, 3)}),
       "tokens_per_s": round(n_total / wall_s, 2),
       "dtype": args.dtype,
       "backend": jax.default_backend(),
@@ -555,7 +607,7 @@ def main(argv=None):
   if args.json:
     print(json.dumps({"tokens": answer["tokens"], "text": answer["text"],
                       "finish_reason": answer["finish_reason"], "stats": stats,
-                      **{key: answer[key] for key in ("logprobs", "top_logprobs")
+                      **{key: answer[key] for key in ("logprobs", "top_logprobs", *PROMPT_KEYS)
                          if key in answer}}
                      if single else {"answers": answers, "stats": stats}))
   else:
@@ -573,6 +625,12 @@ def main(argv=None):
         print(f"### [{r + 1}/{len(answers)}] {shown[i]}{of}\n{a['text']}\n")
     print(f"\n[{n_total} tokens in {wall_s:.2f} s ({n_total / wall_s:.1f} tok/s incl. compile), "
           f"load {load_s:.2f} s]")
+  if scored_prompts is not None:
+    bad = [i + 1 for i, a in enumerate(scored_prompts) if a["prompt_nonfinite_logits"]]
+    if bad:
+      raise ValueError("the model produced non-finite logits scoring prompt(s) "
+                       f"{', '.join(map(str, bad))} of {len(scored_prompts)}; their "
+                       "prompt_logprobs there are null (the rest of the output above is complete)")
   bad = [i + 1 for i, a in enumerate(answers) if a["nonfinite_logits"]]
   if bad:  # after the output, so the tokens before the bad step are not lost
     where = (f"after {len(answers[0]['tokens'])} tokens" if single else

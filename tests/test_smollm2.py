@@ -19,24 +19,49 @@ def smollm2():
   return load_decoder("smollm2-135m"), load_tokenizer("smollm2-135m")
 
 
-def test_logits_match_transformers_gguf_loader(smollm2):
+@pytest.fixture(scope="module")
+def transformers_logits(smollm2):
+  """float32[T, V]: transformers' own logits (its GGUF loader) for one chat prompt, and the
+  prompt's ids."""
   torch = pytest.importorskip("torch")
   from transformers import AutoModelForCausalLM
 
-  from models.kv_cache import KVCache
   from models.registry import resolve_checkpoint
-  loaded, tokenizer = smollm2
+  from models.tokenizer import encode_chat
+  _, tokenizer = smollm2
   path = resolve_checkpoint("smollm2-135m").path
   ref = AutoModelForCausalLM.from_pretrained(os.path.dirname(path),
                                              gguf_file=os.path.basename(path),
                                              dtype=torch.float32).eval()
-  from models.tokenizer import encode_chat
   ids = encode_chat(tokenizer, "Explain in one sentence why the sky is blue.")
   with torch.no_grad():
-    want = ref(torch.tensor([ids])).logits.numpy()
+    return ref(torch.tensor([ids])).logits.numpy()[0], ids
+
+
+def test_logits_match_transformers_gguf_loader(smollm2, transformers_logits):
+  from models.kv_cache import KVCache
+  loaded, _ = smollm2
+  want, ids = transformers_logits
   got, _, _ = loaded.model(jnp.asarray([ids]), jnp.arange(len(ids))[None],
                            KVCache.create(loaded.cfg, 1, len(ids)))
-  assert np.abs(np.asarray(got) - want).max() <= 1e-3
+  assert np.abs(np.asarray(got[0]) - want).max() <= 1e-3
+
+
+def test_prompt_logprobs_match_transformers(smollm2, transformers_logits):
+  """What a vLLM user compares: log p of each prompt token given the ones before it, here
+  scored 16 positions at a time, against transformers' log-softmax."""
+  from asd_jax.prompt_logprobs import prompt_logprobs
+  from models.lm_fns import decoder_fns
+  loaded, _ = smollm2
+  logits, ids = transformers_logits
+  n = len(ids)
+  shifted = logits.astype(np.float64) - logits.max(-1, keepdims=True)
+  logp = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+  fns, params = decoder_fns(loaded.model)
+  got = prompt_logprobs(fns, params, np.array([ids]), np.array([n]), chunk=16)
+  assert n > 32  # the premise: more than two chunks
+  np.testing.assert_allclose(np.asarray(got.logprobs_BxT[0, 1:]),
+                             logp[np.arange(n - 1), ids[1:]], atol=2e-3)
 
 
 def test_answers_capital_of_france(smollm2):
