@@ -13,6 +13,7 @@ from asd_jax.greedy_verify import greedy_verify
 from asd_jax.lm_api import LanguageModelFns
 from asd_jax.ngram_drafter import ngram_drafter
 from asd_jax.plain_decode import DecodeResult, plain_decode
+from asd_jax.prompt_logprobs import PromptLogprobs, prompt_logprobs
 from asd_jax.sampling import SamplingConfig
 from asd_jax.decode_rounds import SpecDecodeResult
 from asd_jax.spec_decode import asd_decode
@@ -35,5 +36,5 @@ __all__ = [
     "LanguageModelFns", "ChainDrafter", "lm_chain_drafter", "ngram_drafter", "SamplingConfig",
     "plain_decode", "DecodeResult", "asd_decode", "asd_tree_decode", "SpecDecodeResult",
     "TreeShape", "TreeDrafter", "lm_tree_drafter",
-    "DecodeStats", "TokenStream", "StopStrings",
+    "DecodeStats", "TokenStream", "StopStrings", "prompt_logprobs", "PromptLogprobs",
 ]

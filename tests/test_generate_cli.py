@@ -59,6 +59,10 @@ from tests.test_bench_cli import tiny_target  # noqa: F401  (module fixture)
      "tokens beside each token's own log-probability; pass --logprobs (and --json)"),
     (["--prompt", "hi", "--json", "--logprobs", "--top-logprobs", "-1"],
      "--top-logprobs must be >= 0, got -1"),
+    (["--prompt", "hi", "--prompt-logprobs", "0"], "--prompt-logprobs adds each prompt "
+     "token's log-probability to the --json output; pass --json"),
+    (["--prompt", "hi", "--json", "--prompt-logprobs", "-1"],
+     "--prompt-logprobs must be >= 0, got -1"),
     (["--prompt", "hi", "--min-tokens", "-1"], "min_tokens must be an integer >= 0"),
     (["--prompt", "hi", "--min-tokens", "9", "--max-new-tokens", "8"],
      "min_tokens (9) is more than max_new_tokens (8)"),
@@ -370,6 +374,8 @@ def test_a_conversation_or_system_message_reaches_the_template(tiny_target, tmp_
     (["--prompt-ids", "3,96"],
      "token id 96 at row 0, position 1 is outside the vocabulary [0, 96)"),
     (["--prompt-ids", "3", "--json", "--logprobs", "--top-logprobs", "97"],
+     "top_logprobs 97 is more than the vocabulary's 96 tokens"),
+    (["--prompt-ids", "3", "--json", "--prompt-logprobs", "97"],
      "top_logprobs 97 is more than the vocabulary's 96 tokens"),
     (["--prompt-ids", "3", "--logit-bias", "96=-100"],
      "logit_bias names token id(s) [96] outside the vocabulary [0, 96)"),
@@ -715,3 +721,71 @@ def test_logprobs_come_with_each_answer(tiny_target, tmp_path, capsys):  # noqa:
       assert top[0]["id"] == token and top[0]["logprob"] == pytest.approx(lp, abs=1e-4)
       assert [c["logprob"] for c in top] == sorted((c["logprob"] for c in top), reverse=True)
       assert all(c["token"] == tokenizer.decode([c["id"]]) for c in top)
+
+
+def test_prompt_logprobs_come_with_each_answer(tiny_target, tmp_path, capsys):  # noqa: F811
+  """--prompt-logprobs: each answer carries its prompt's ids (after the chat template) and their
+  log-probabilities, null first, equal to prompt_logprobs' own; the same alone, batched, with
+  --n and with a drafter; non-finite logits print null and fail after the output."""
+  import shutil
+
+  import numpy as np
+  from safetensors.numpy import load_file, save_file
+
+  from asd_jax.prompt_logprobs import prompt_logprobs
+  from models.lm_fns import decoder_fns
+  from models.load import load_decoder
+  from models.tokenizer import load_tokenizer
+  common = ["--target", str(tiny_target), "--max-new-tokens", "4", "--json"]
+
+  def run(*flags):
+    main([*common, *flags])
+    return json.loads(capsys.readouterr().out)
+
+  ids = [5, 9, 3, 17, 4, 60, 8]
+  alone = run("--prompt-ids", ",".join(map(str, ids)), "--prompt-logprobs", "2")
+  assert alone["prompt_token_ids"] == ids and alone["prompt_logprobs"][0] is None
+  fns, params = decoder_fns(load_decoder(str(tiny_target)).model)
+  want = prompt_logprobs(fns, params, np.array([ids]), np.array([len(ids)]), top_logprobs=2)
+  assert alone["prompt_logprobs"][1:] == pytest.approx(
+      np.asarray(want.logprobs_BxT[0, 1:]).tolist(), abs=1e-5)
+  tokenizer = load_tokenizer(str(tiny_target))
+  assert alone["prompt_top_logprobs"][0] is None
+  for t, top in enumerate(alone["prompt_top_logprobs"][1:], 1):
+    assert [c["id"] for c in top] == np.asarray(want.top_token_ids_BxTxL[0, t]).tolist()
+    assert all(c["token"] == tokenizer.decode([c["id"]]) for c in top)
+    assert [c["logprob"] for c in top] == pytest.approx(
+        np.asarray(want.top_logprobs_BxTxL[0, t]).tolist(), abs=1e-5)
+  assert run("--prompt-ids", ",".join(map(str, ids)), "--prompt-logprobs", "0", "--draft",
+             "ngram", "--k", "2")["prompt_logprobs"] == alone["prompt_logprobs"]
+  assert "prompt_top_logprobs" not in run("--prompt-ids", "5,9", "--prompt-logprobs", "0")
+  assert "prompt_logprobs" not in run("--prompt-ids", "5,9")
+
+  # A file of two prompts, batched, two samples each: every answer has its own prompt's.
+  lines = ["write a python function", "the list of numbers"]
+  (tmp_path / "q.txt").write_text("\n".join(lines) + "\n")
+  answers = run("--prompts-file", str(tmp_path / "q.txt"), "--batch-size", "2", "--n", "2",
+                "--temperature", "1", "--prompt-logprobs", "0")["answers"]
+  assert [a["prompt"] for a in answers] == [lines[0], lines[0], lines[1], lines[1]]
+  for line, answer in zip([0, 0, 1, 1], answers):
+    own = run("--prompt", lines[line], "--prompt-logprobs", "0")
+    assert answer["prompt_token_ids"] == own["prompt_token_ids"]
+    assert answer["prompt_logprobs"] == pytest.approx(own["prompt_logprobs"], abs=1e-5)
+    assert len(answer["prompt_logprobs"]) == len(answer["prompt_token_ids"])
+
+  folder = tmp_path / "nan_target"
+  shutil.copytree(tiny_target, folder)
+  weights = load_file(folder / "model.safetensors")
+  weights["model.norm.weight"][0] = float("nan")  # every logit NaN
+  save_file(weights, folder / "model.safetensors")
+  with pytest.raises(SystemExit) as e:
+    main(["--target", str(folder), "--prompt-ids", "3,4,5", "--max-new-tokens", "2", "--json",
+          "--prompt-logprobs", "1"])
+  captured = capsys.readouterr()
+  assert e.value.code == 2
+  out = json.loads(captured.out)  # valid JSON: no NaN in it
+  assert out["prompt_logprobs"] == [None] * 3 and out["prompt_nonfinite_logits"] is True
+  assert out["prompt_top_logprobs"][1:] == [[{"id": c["id"], "token": c["token"],
+                                             "logprob": None}] for [c] in
+                                            out["prompt_top_logprobs"][1:]]
+  assert "non-finite logits scoring prompt(s) 1 of 1" in captured.err

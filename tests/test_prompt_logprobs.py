@@ -3,6 +3,7 @@ forward over the row alone, whatever the chunk and the batch; the top L at each 
 decoding's output logprobs agree with scoring prompt + output; bad input refused."""
 
 import dataclasses
+import importlib
 import math
 
 import jax
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from asd_jax.plain_decode import plain_decode
-from asd_jax.prompt_logprobs import prompt_logprobs
+from asd_jax.prompt_logprobs import CHUNK, prompt_logprobs
 from models.lm_fns import decoder_fns
 from tests.fake_lm import fake_lm
 from tests.tiny_models import random_decoder
@@ -33,7 +34,7 @@ def _log_softmax_alone(row) -> np.ndarray:
   return np.asarray(jax.nn.log_softmax(logits[0], axis=-1))
 
 
-@pytest.mark.parametrize("chunk", [256, 16, 7])
+@pytest.mark.parametrize("chunk", [CHUNK, 16, 7])
 def test_each_token_is_scored_as_one_forward_over_its_row_alone(chunk):
   top = 4
   got = jax.device_get(prompt_logprobs(_FNS, _PARAMS, _PROMPT, _LENGTHS, top_logprobs=top,
@@ -103,7 +104,8 @@ def test_nonfinite_logits_mark_their_row_and_stay_nan():
 
 
 def test_the_program_is_reused_for_another_prompt_of_the_same_width():
-  from asd_jax import prompt_logprobs as module
+  # (asd_jax's own `prompt_logprobs` attribute is the function it exports, not the module)
+  module = importlib.import_module("asd_jax.prompt_logprobs")
   prompt_logprobs(_FNS, _PARAMS, _PROMPT, _LENGTHS)
   before = module._score_prompts._cache_size()
   prompt_logprobs(_FNS, _PARAMS, (_PROMPT + 1) % VOCAB, np.array([2, 40, 11], np.int32))
