@@ -16,7 +16,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from asd_jax import penalties as penalties_lib
+from asd_jax import logit_edits
 from asd_jax.decode_stats import DecodeStats
 from asd_jax.sampling import select_token
 from asd_jax.sampling_keys import split_keys
@@ -60,8 +60,8 @@ class RoundState:
   history_BxS: jax.Array  # token at each position (tree drafters re-read it); [B, 0] for chains
   # beside tokens_BxW, with logprobs=True
   logprobs: token_logprobs.TokenLogprobs | None = None
-  # what the penalties read (the committed output), when one is on
-  token_counts: penalties_lib.TokenCounts | None = None
+  # what the logit edits read (the committed output), when one is on
+  token_counts: logit_edits.TokenCounts | None = None
 
 
 def commit_round(state: RoundState, draft_BxK, verdict, max_new_B, eos_ids,
@@ -99,7 +99,7 @@ def commit_round(state: RoundState, draft_BxK, verdict, max_new_B, eos_ids,
   num_generated_B, stopped_B = keep_until_stop(host, tokens_BxW, state.num_generated_B,
                                                state.num_generated_B + count_B)
   count_B = num_generated_B - state.num_generated_B
-  token_counts = penalties_lib.add_output(state.token_counts, block_BxK1,
+  token_counts = logit_edits.add_output(state.token_counts, block_BxK1,
                                           j_K1[None] < count_B[:, None])
   history_pos_BxK1 = jnp.where(in_block_BxK1 & active_B[:, None],
                                state.committed_B[:, None] + j_K1[None],
@@ -141,13 +141,13 @@ def initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampl
                   max_new_tokens, depth, target_cache, drafter_state, history_width,
                   host: HostCall = NO_HOST_CALL, logprobs: bool = False,
                   top_logprobs: int = 0,
-                  penalties: penalties_lib.Penalties = penalties_lib.OFF):
+                  edits: logit_edits.LogitEdits = logit_edits.OFF):
   """Loop state after prefill: the first token (from the prefill logits) is committed."""
   b = prompt_BxT.shape[0]
   rng, sub = split_keys(rng, 2)
-  token_counts = penalties_lib.count_prompt(prompt_BxT, lengths_B, first_logits_BxV.shape[-1],
-                                            penalties)
-  first_B = select_token(penalties_lib.penalize(first_logits_BxV, token_counts, penalties), sub,
+  token_counts = logit_edits.count_prompt(prompt_BxT, lengths_B, first_logits_BxV.shape[-1],
+                                          edits)
+  first_B = select_token(logit_edits.edit_logits(first_logits_BxV, token_counts, edits), sub,
                          sampling)
   first_ok_B = jnp.isfinite(first_logits_BxV).all(axis=-1)
   last_prompt_B = jnp.take_along_axis(prompt_BxT, (lengths_B - 1)[:, None], axis=1)[:, 0]
@@ -184,7 +184,7 @@ def initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampl
                         asd_exceptions_B=zeros_B, asd_spent_B=jnp.zeros((b,), jnp.float32)),
       target_cache=target_cache, drafter_state=drafter_state, rng=rng,
       history_BxS=history_BxS, logprobs=logprobs_buffer,
-      token_counts=penalties_lib.add_output(token_counts, first_B[:, None], emit_B[:, None]))
+      token_counts=logit_edits.add_output(token_counts, first_B[:, None], emit_B[:, None]))
 
 
 def finish(state: RoundState, max_new_tokens: int) -> SpecDecodeResult:

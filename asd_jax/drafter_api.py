@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from asd_jax.lm_api import LanguageModelFns
 from asd_jax.request_checks import check_positive_int
 from asd_jax.sampling import select_token
-from asd_jax.penalties import DraftPenalty
+from asd_jax.logit_edits import DraftLogitEdits
 from asd_jax.spec_sampling import Filters
 from asd_jax.sampling_keys import split_keys
 
@@ -59,10 +59,11 @@ class ChainDrafter:
   max_positions: the positions the drafter was trained for (None: no limit, e.g. no
       position encoding). A request reaching past them is decoded, with a warning: the drafts
       there degrade, which costs speed, never a wrong token.
-  takes_penalty: propose also takes `penalty=` (a penalties.DraftPenalty, when the request has
-      a repetition/presence/frequency penalty on) and drafts under it: what the penalized
-      target picks. Its draft_logits are then the penalized ones it sampled from. Drafters
-      without it draft as usual (verification applies the penalties either way).
+  takes_logit_edits: propose also takes `edits=` (a logit_edits.DraftLogitEdits, when the
+      request edits the logits: a penalty, a logit_bias, min_tokens or allowed_token_ids) and
+      drafts under them: what the edited target picks. Its draft_logits are then the edited
+      ones it sampled from. Drafters without it draft as usual (verification applies the
+      edits either way).
   """
 
   prefill: Callable[..., Any]
@@ -74,7 +75,7 @@ class ChainDrafter:
   verify_widths: tuple[int, ...] = ()
   param_shapes: tuple | None = None
   max_positions: int | None = None
-  takes_penalty: bool = False
+  takes_logit_edits: bool = False
 
   def __post_init__(self):
     # 4.0 is taken as 4; 2.5, True, NaN or a string are refused before anything is traced.
@@ -139,29 +140,29 @@ def _lm_chain_drafter(fns: LanguageModelFns, num_draft: int) -> ChainDrafter:
     return cache
 
   def propose(params, cache, recent_Bx2, positions_Bx2, rng, sampling: Filters,
-              penalty: DraftPenalty | None = None):
+              edits: DraftLogitEdits | None = None):
     logits_Bx2xV, _, cache = fns.forward(params, recent_Bx2, positions_Bx2, cache)
     keys = split_keys(rng, num_draft)
     first_logits_BxV = logits_Bx2xV[:, 1]
-    if penalty is not None:
-      first_logits_BxV = penalty.apply(first_logits_BxV)
+    if edits is not None:
+      first_logits_BxV = edits.apply(first_logits_BxV)
     first_B = select_token(first_logits_BxV, keys[0], sampling)
 
     def step(carry, key):
-      token_B, position_B, cache, penalty = carry
+      token_B, position_B, cache, edits = carry
       logits_Bx1xV, _, cache = fns.forward(params, token_B[:, None], position_B[:, None], cache)
       logits_BxV = logits_Bx1xV[:, 0]
-      if penalty is not None:  # the draft so far counts as output
-        penalty = penalty.after(token_B)
-        logits_BxV = penalty.apply(logits_BxV)
+      if edits is not None:  # the draft so far counts as output
+        edits = edits.after(token_B)
+        logits_BxV = edits.apply(logits_BxV)
       nxt_B = select_token(logits_BxV, key, sampling)
       out = (nxt_B, None if sampling.greedy else logits_BxV)
-      return (nxt_B, position_B + 1, cache, penalty), out
+      return (nxt_B, position_B + 1, cache, edits), out
 
     # Unrolled: a while loop inside a round costs kernel launches and a read of its condition
     # per step on a GPU, for K - 1 steps that are known when tracing.
     (_, _, cache, _), (rest_KxB, rest_logits) = jax.lax.scan(
-        step, (first_B, positions_Bx2[:, 1] + 1, cache, penalty), keys[1:], unroll=True)
+        step, (first_B, positions_Bx2[:, 1] + 1, cache, edits), keys[1:], unroll=True)
     draft_BxK = jnp.concatenate([first_B[:, None], rest_KxB.T], axis=1)
     draft_logits = None
     if not sampling.greedy:
@@ -171,4 +172,4 @@ def _lm_chain_drafter(fns: LanguageModelFns, num_draft: int) -> ChainDrafter:
 
   return ChainDrafter(prefill=prefill, propose=propose, num_draft=num_draft,
                       vocab_size=fns.vocab_size, name=fns.name, param_shapes=fns.param_shapes,
-                      max_positions=fns.max_positions, takes_penalty=True)
+                      max_positions=fns.max_positions, takes_logit_edits=True)

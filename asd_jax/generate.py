@@ -38,7 +38,7 @@ from asd_jax.cli_common import (MAX_SAMPLES, attach_dash_values, check_positive_
                                 enable_compilation_cache, parse_prompt_ids, read_prompts_file,
                                 right_pad, run_cli, text_stream)
 from asd_jax.asd_config import PRESETS, preset_with
-from asd_jax.penalties import check_min_tokens_fit
+from asd_jax.logit_edits import check_min_tokens_fit
 from asd_jax.plain_decode import plain_decode
 from asd_jax.request_checks import check_prompts
 from asd_jax.sampling import SamplingConfig
@@ -453,7 +453,7 @@ def main(argv=None):
     if args.prompt_logprobs is not None:
       check_logprobs_request(True, args.prompt_logprobs, vocab_size)
     for own in set(samplings):
-      own.penalties(vocab_size)  # a logit_bias or allowed_token_ids id past the vocabulary
+      own.logit_edits(vocab_size)  # a logit_bias or allowed_token_ids id past the vocabulary
     for i, own_ids in enumerate(row_stop_ids):
       outside = [t for t in own_ids if t >= vocab_size]
       if outside:

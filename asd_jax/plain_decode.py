@@ -14,9 +14,9 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from asd_jax import output_buffer, penalties as penalties_lib, request_checks
+from asd_jax import logit_edits, output_buffer, request_checks
 from asd_jax.lm_api import LanguageModelFns, check_logits
-from asd_jax.penalties import Penalties, TokenCounts
+from asd_jax.logit_edits import LogitEdits, TokenCounts
 from asd_jax.sampling import SamplingConfig, select_token
 from asd_jax.spec_sampling import Filters
 from asd_jax.sampling_keys import row_keys, split_keys
@@ -70,13 +70,13 @@ class _LoopState:
   cache: object
   rng: jax.Array
   logprobs: token_logprobs.TokenLogprobs | None = None  # beside tokens_BxN, with logprobs=True
-  token_counts: TokenCounts | None = None  # what the penalties read, when one is on
+  token_counts: TokenCounts | None = None  # what the logit edits read, when one is on
 
 
-def _emit(state: _LoopState, logits_BxV, rng, max_new_B, eos_ids, sampling, penalties,
+def _emit(state: _LoopState, logits_BxV, rng, max_new_B, eos_ids, sampling, edits,
           host: HostCall, top_logprobs: int) -> _LoopState:
   finite_B = jnp.isfinite(logits_BxV).all(axis=-1)
-  token_B = select_token(penalties_lib.penalize(logits_BxV, state.token_counts, penalties), rng,
+  token_B = select_token(logit_edits.edit_logits(logits_BxV, state.token_counts, edits), rng,
                          sampling)
   write_B = ~state.done_B & finite_B
   rows = jnp.arange(token_B.shape[0])
@@ -95,8 +95,8 @@ def _emit(state: _LoopState, logits_BxV, rng, max_new_B, eos_ids, sampling, pena
   emit(host, tokens_BxN, state.num_generated_B, num_generated_B)
   return state.replace(tokens_BxN=tokens_BxN, num_generated_B=num_generated_B, done_B=done_B,
                        nonfinite_B=nonfinite_B, logprobs=logprobs,
-                       token_counts=penalties_lib.add_output(state.token_counts,
-                                                             token_B[:, None], write_B[:, None]),
+                       token_counts=logit_edits.add_output(state.token_counts,
+                                                           token_B[:, None], write_B[:, None]),
                        forwards_B=state.forwards_B + (~state.done_B).astype(jnp.int32))
 
 
@@ -105,7 +105,7 @@ def _emit(state: _LoopState, logits_BxV, rng, max_new_B, eos_ids, sampling, pena
                    compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
 def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_B, rng, *,
                   max_new_tokens: int, capacity: int, eos_ids: tuple[int, ...],
-                  sampling: Filters, penalties: Penalties, host: HostCall, logprobs: bool,
+                  sampling: Filters, edits: LogitEdits, host: HostCall, logprobs: bool,
                   top_logprobs: int) -> DecodeResult:
   b = prompt_BxT.shape[0]
   cache = fns.init_cache(b, capacity)
@@ -122,9 +122,8 @@ def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_
       cache=cache, rng=rng,
       logprobs=(token_logprobs.empty_buffer(b, max_new_tokens, top_logprobs) if logprobs
                 else None),
-      token_counts=penalties_lib.count_prompt(prompt_BxT, lengths_B, fns.vocab_size,
-                                              penalties))
-  state = _emit(state, logits_BxV, sub, max_new_B, eos_ids, sampling, penalties, host,
+      token_counts=logit_edits.count_prompt(prompt_BxT, lengths_B, fns.vocab_size, edits))
+  state = _emit(state, logits_BxV, sub, max_new_B, eos_ids, sampling, edits, host,
                 top_logprobs)
 
   def cond(s: _LoopState):
@@ -140,7 +139,7 @@ def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_
     check_logits(fns, logits_Bx1xV, (b, 1, fns.vocab_size), "forward")
     rng, sub = split_keys(s.rng, 2)
     s = s.replace(step=s.step + 1, cache=cache, rng=rng)
-    return _emit(s, logits_Bx1xV[:, 0], sub, max_new_B, eos_ids, sampling, penalties, host,
+    return _emit(s, logits_Bx1xV[:, 0], sub, max_new_B, eos_ids, sampling, edits, host,
                  top_logprobs)
 
   state = jax.lax.while_loop(cond, body, state)
@@ -170,7 +169,7 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
       it per row. Requests whose max_new_tokens round up to the same multiple of 64 share one
       compiled program (asd_jax/output_buffer.py).
     eos_ids: a row stops after emitting any of these (it is included in the output).
-    sampling: greedy by default; its logit edits (asd_jax/penalties.py) apply too.
+    sampling: greedy by default; its logit edits (asd_jax/logit_edits.py) apply too.
     seed: an int, or int[B] one per request; each row samples from its own key
       (asd_jax.sampling_keys.row_keys), so a row's output does not depend on its batch.
     capacity: KV-cache slots per row (static); default: prompt width + max_new_tokens rounded
@@ -194,13 +193,13 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
   request_checks.check_param_shapes("params", params, fns.param_shapes, fns.name)
   check_stream(stream)
   token_logprobs.check_logprobs_request(logprobs, top_logprobs, fns.vocab_size)
-  penalties = sampling.penalties(fns.vocab_size, eos_ids, max_new_tokens)
+  edits = sampling.logit_edits(fns.vocab_size, eos_ids, max_new_tokens)
   stops = row_stops(stop, prompt.shape[0], min_tokens=sampling.min_tokens)
   with host_calls(stream=stream, stop=stops) as host:
     result = _plain_decode(fns, params, jnp.asarray(prompt), jnp.asarray(lengths),
                            jnp.asarray(max_new_B), row_keys(seed, prompt.shape[0]),
                            max_new_tokens=output_buffer.buffer_width(max_new_tokens),
                            capacity=capacity, eos_ids=eos_ids, sampling=sampling.filters(),
-                           penalties=penalties,
+                           edits=edits,
                            host=host, logprobs=logprobs, top_logprobs=top_logprobs)
     return output_buffer.trim(finish_host_calls(host, result), max_new_tokens)

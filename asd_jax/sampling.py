@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from asd_jax.greedy_verify import first_argmax
-from asd_jax.penalties import (Penalties, check_allowed_token_ids, check_logit_bias,
+from asd_jax.logit_edits import (LogitEdits, check_allowed_token_ids, check_logit_bias,
                                check_min_tokens, check_penalties)
 from asd_jax.sampling_keys import categorical_rows
 from asd_jax.spec_sampling import Filters, filtered_probs, check_filters
@@ -29,7 +29,7 @@ class SamplingConfig:
   takes the argmax, so it would do nothing.
 
   logit_bias, repetition_penalty, presence_penalty, frequency_penalty, min_tokens and
-  allowed_token_ids (asd_jax/penalties.py) apply before all of it, in greedy decoding too;
+  allowed_token_ids (asd_jax/logit_edits.py) apply before all of it, in greedy decoding too;
   traced like the filters.
   """
 
@@ -80,12 +80,12 @@ class SamplingConfig:
     """The traced form the engines, drafters and rules compute with."""
     return Filters.of(self.temperature, self.top_k, self.top_p, self.min_p)
 
-  def penalties(self, vocab_size: int | None = None, eos_ids=(),
-                max_new_tokens: int | None = None) -> Penalties:
+  def logit_edits(self, vocab_size: int | None = None, eos_ids=(),
+                  max_new_tokens: int | None = None) -> LogitEdits:
     """The traced form of the edits the engines apply to the target's logits, for a model of
     vocab_size tokens (the logit_bias ids are checked against it) whose answers end at eos_ids
     (min_tokens holds those back), in a request of max_new_tokens."""
-    return Penalties.of(self.repetition_penalty, self.presence_penalty, self.frequency_penalty,
+    return LogitEdits.of(self.repetition_penalty, self.presence_penalty, self.frequency_penalty,
                         min_tokens=self.min_tokens, eos_ids=eos_ids, logit_bias=self.logit_bias,
                         allowed_token_ids=self.allowed_token_ids, vocab_size=vocab_size,
                         max_new_tokens=max_new_tokens)

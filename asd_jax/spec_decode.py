@@ -20,7 +20,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from asd_jax import output_buffer, penalties as penalties_lib, request_checks
+from asd_jax import logit_edits, output_buffer, request_checks
 from asd_jax import verify_checks as checks
 from asd_jax.asd_config import PAPER, ASDConfig
 from asd_jax.asd_verify import asd_verify_traced, config_scalars
@@ -29,7 +29,7 @@ from asd_jax.decode_rounds import (RoundState, SpecDecodeResult, commit_round, f
 from asd_jax.drafter_api import ChainDrafter, check_proposal
 from asd_jax.greedy_verify import greedy_verify
 from asd_jax.lm_api import LanguageModelFns, check_logits
-from asd_jax.penalties import Penalties
+from asd_jax.logit_edits import LogitEdits
 from asd_jax.plain_decode import DECODE_LOOP_COMPILER_OPTIONS
 from asd_jax.sampling import SamplingConfig, select_token
 from asd_jax.sampling_keys import row_keys, split_keys
@@ -75,7 +75,7 @@ def _verify(rule, draft_BxK, draft_logits, target_logits_BxK1xV, spent_B, asd_sc
     "logprobs", "top_logprobs"), compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
 def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, drafter_params,
                 prompt_BxT, lengths_B, max_new_B, asd_scalars, rng, *, rule: str,
-                sampling: Filters, penalties: Penalties, normalize_q: bool,
+                sampling: Filters, edits: LogitEdits, normalize_q: bool,
                 max_new_tokens: int, capacity: int, eos_ids: tuple[int, ...], host: HostCall,
                 logprobs: bool, top_logprobs: int) -> SpecDecodeResult:
   b = prompt_BxT.shape[0]
@@ -89,7 +89,7 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
                         eos_ids, max_new_tokens=max_new_tokens, depth=k,
                         target_cache=target_cache, drafter_state=drafter_state,
                         history_width=0, host=host, logprobs=logprobs,
-                        top_logprobs=top_logprobs, penalties=penalties)
+                        top_logprobs=top_logprobs, edits=edits)
 
   def cond(s: RoundState):
     # Every active row commits >= 1 token per round, so max_new_tokens rounds always suffice.
@@ -104,8 +104,8 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
                                                     s.target_cache)
     check_logits(target, target_logits, (b, width + 1, target.vocab_size), "forward")
     # Row j judges draft j in the context it has once accepted: the output plus draft[:j].
-    verify_logits = penalties_lib.penalize(target_logits, s.token_counts, penalties,
-                                           penalties_lib.chain_context(draft_BxW))
+    verify_logits = logit_edits.edit_logits(target_logits, s.token_counts, edits,
+                                           logit_edits.chain_context(draft_BxW))
     verdict = _verify(rule, draft_BxW, None if draft_logits is None else draft_logits[:, :width],
                       verify_logits, s.stats.asd_spent_B, asd_scalars, k_verify, sampling,
                       normalize_q, draft_lengths_B=lengths_B, noise_slots=k)
@@ -124,7 +124,7 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
     logits_Bx1xV, _, target_cache = target.forward(
         target_params, s.recent_Bx2[:, 1:], s.committed_B[:, None] - 1, s.target_cache)
     check_logits(target, logits_Bx1xV, (b, 1, target.vocab_size), "forward")
-    logits_BxV = penalties_lib.penalize(logits_Bx1xV[:, 0], s.token_counts, penalties)
+    logits_BxV = logit_edits.edit_logits(logits_Bx1xV[:, 0], s.token_counts, edits)
     if rule == "sample":  # the token a wider round would sample for an empty draft
       next_B = sample_without_draft(logits_BxV, k_verify, k, sampling)
     else:
@@ -142,12 +142,12 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
   def body(s: RoundState):
     rng, k_draft, k_verify = split_keys(s.rng, 3)
     positions_Bx2 = s.committed_B[:, None] + jnp.array([-2, -1])
-    draft_penalty = {}
-    if drafter.takes_penalty and penalties.on:
-      draft_penalty["penalty"] = penalties_lib.DraftPenalty(s.token_counts, penalties)
+    draft_edits = {}
+    if drafter.takes_logit_edits and edits.on:
+      draft_edits["edits"] = logit_edits.DraftLogitEdits(s.token_counts, edits)
     draft_BxK, draft_logits, drafter_state = drafter.propose(
         drafter_params, s.drafter_state, s.recent_Bx2, positions_Bx2, k_draft, sampling,
-        **draft_penalty)
+        **draft_edits)
     check_proposal(drafter, draft_BxK, draft_logits, b, sampled=rule == "sample")
     if drafter.draft_length is None:
       target_cache, verdict, lp_BxK1 = verify_round(k, s, draft_BxK, draft_logits, k_verify,
@@ -207,7 +207,7 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
       (lossless speculative sampling with `sampling`; output distributed as plain sampling;
       at temperature 0 that is greedy decoding, and it runs as "strict"). `sampling`'s
       logit edits (logit_bias, the penalties, min_tokens, allowed_token_ids:
-      asd_jax/penalties.py) apply under every rule: strict still equals plain greedy decoding
+      asd_jax/logit_edits.py) apply under every rule: strict still equals plain greedy decoding
       with the same settings.
     eos_ids: a row stops after emitting any of these (kept in the output).
     seed: an int, or int[B] one per request (asd_jax.sampling_keys.row_keys). Each row draws
@@ -256,11 +256,11 @@ def run_loop(loop, target: LanguageModelFns, target_params, drafter, drafter_par
                                     drafter.name)
   check_stream(stream)
   token_logprobs.check_logprobs_request(logprobs, top_logprobs, target.vocab_size)
-  penalties = sampling.penalties(target.vocab_size, req.eos_ids, req.max_new_tokens)
+  edits = sampling.logit_edits(target.vocab_size, req.eos_ids, req.max_new_tokens)
   stops = row_stops(stop, req.arrays[0].shape[0], min_tokens=sampling.min_tokens)
   with host_calls(stream=stream, stop=stops) as host:
     result = loop(target, target_params, drafter, drafter_params, *req.arrays, rule=req.rule,
-                  sampling=sampling.filters(), penalties=penalties, normalize_q=normalize_q,
+                  sampling=sampling.filters(), edits=edits, normalize_q=normalize_q,
                   max_new_tokens=output_buffer.buffer_width(req.max_new_tokens),
                   capacity=req.capacity, eos_ids=req.eos_ids, host=host, logprobs=logprobs,
                   top_logprobs=top_logprobs)

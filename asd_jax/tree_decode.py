@@ -21,9 +21,9 @@ from asd_jax.asd_config import PAPER, ASDConfig
 from asd_jax.decode_rounds import (RoundState, SpecDecodeResult, commit_round, finish,
                                    initial_state)
 from asd_jax.draft_tree import TreeDrafter
-from asd_jax import penalties as penalties_lib
+from asd_jax import logit_edits
 from asd_jax.lm_api import LanguageModelFns, check_logits
-from asd_jax.penalties import Penalties
+from asd_jax.logit_edits import LogitEdits
 from asd_jax.plain_decode import DECODE_LOOP_COMPILER_OPTIONS
 from asd_jax.request_checks import check_type
 from asd_jax.sampling import SamplingConfig
@@ -87,7 +87,7 @@ def _verify_tree(rule, tokens, parents, draft_logits, target_logits, spent_B, as
     "logprobs", "top_logprobs"), compiler_options=DECODE_LOOP_COMPILER_OPTIONS)
 def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, drafter_params,
                  prompt_BxT, lengths_B, max_new_B, asd_scalars, rng, *, rule: str,
-                 sampling: Filters, penalties: Penalties, normalize_q: bool,
+                 sampling: Filters, edits: LogitEdits, normalize_q: bool,
                  max_new_tokens: int, capacity: int, eos_ids: tuple[int, ...], host: HostCall,
                  logprobs: bool, top_logprobs: int) -> SpecDecodeResult:
   b = prompt_BxT.shape[0]
@@ -113,7 +113,7 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
                         eos_ids, max_new_tokens=max_new_tokens, depth=depth,
                         target_cache=target_cache, drafter_state=drafter_state,
                         history_width=capacity, host=host, logprobs=logprobs,
-                        top_logprobs=top_logprobs, penalties=penalties)
+                        top_logprobs=top_logprobs, edits=edits)
 
   def cond(s: RoundState):
     return ~jnp.all(s.done_B) & (s.round < max_new_tokens)
@@ -141,9 +141,9 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
         target_params, block_BxT, positions_BxT, slots_BxT, visible_BxTxS, s.target_cache)
     check_logits(target, target_logits, block_BxT.shape + (target.vocab_size,), "tree_forward")
     verify_logits = target_logits
-    if penalties.on:  # row n+1 judges node n's children in the context of node n's path
-      verify_logits = penalties_lib.penalize(target_logits, s.token_counts, penalties,
-                                             penalties_lib.tree_context(tokens_BxN, paths_BxNxD))
+    if edits.on:  # row n+1 judges node n's children in the context of node n's path
+      verify_logits = logit_edits.edit_logits(target_logits, s.token_counts, edits,
+                                             logit_edits.tree_context(tokens_BxN, paths_BxNxD))
     verdict = _verify_tree(rule, tokens_BxN, parents_BxN, draft_logits, verify_logits,
                            s.stats.asd_spent_B, asd_scalars, k_verify, sampling, normalize_q,
                            depth)

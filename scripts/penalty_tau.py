@@ -6,7 +6,7 @@ drafting under the penalty and without:
 
 For each penalty: plain greedy decoding of the prompts (the first N of each suite, one padded
 batch, EOS honoured), then strict chain decoding of each prompt alone with the drafter as
-shipped (a language-model drafter drafts under the penalty, ChainDrafter.takes_penalty) and
+shipped (a language-model drafter drafts under the penalty, ChainDrafter.takes_logit_edits) and
 with that switched off. Prints tau (tokens per round) and how many answers equal plain
 decoding's (all of them, under strict, is the promise), and writes them as JSON. tau is
 DecodeStats' (the tokens verification rounds output / rounds), as generate reports it. Plain
@@ -79,11 +79,11 @@ def main(argv=None) -> int:
   check_tokenizer_fits(tokenizer, target.cfg.vocab_size, args.target)
   eos = eos_token_ids(tokenizer, target.hf_config)
   setup = setup_drafter(args.draft, target, k=args.k, target_name=args.target)
-  if not getattr(setup.drafter, "takes_penalty", False):
+  if not getattr(setup.drafter, "takes_logit_edits", False):
     raise ValueError(f"--draft {args.draft} does not draft under penalties (only language-model "
                      "chain drafters do); there is nothing to compare")
   drafters = {"under the penalty": setup.drafter,
-              "without it": dataclasses.replace(setup.drafter, takes_penalty=False)}
+              "without it": dataclasses.replace(setup.drafter, takes_logit_edits=False)}
   prompt, lengths = right_pad(rows, bucket=64)
 
   def plain_batch(sampling, eos_ids):

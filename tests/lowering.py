@@ -26,7 +26,7 @@ def tree_engine_loops(fns, params, drafter, draft_params, platform: str) -> int:
 
 
 def _engine_loops(loop, fns, params, drafter, draft_params, platform, *, lookahead) -> int:
-  # The logit edits' code included (asd_jax/penalties.py)
+  # The logit edits' code included (asd_jax/logit_edits.py)
   sampling = SamplingConfig(repetition_penalty=1.1, min_tokens=4, logit_bias={1: -2.0})
   req = prepare_request(fns, drafter.vocab_size, np.array([[0, 1, 2]], np.int32),
                         np.array([3], np.int32), rule="strict", asd_config=PAPER,
@@ -35,7 +35,7 @@ def _engine_loops(loop, fns, params, drafter, draft_params, platform, *, lookahe
   lowered = loop.trace(
       fns, params, drafter, draft_params, *req.arrays, rule=req.rule,
       sampling=sampling.filters(),
-      penalties=sampling.penalties(fns.vocab_size, req.eos_ids, req.max_new_tokens),
+      edits=sampling.logit_edits(fns.vocab_size, req.eos_ids, req.max_new_tokens),
       normalize_q=False, max_new_tokens=req.max_new_tokens,
       capacity=req.capacity, eos_ids=req.eos_ids, host=NO_HOST_CALL, logprobs=False,
       top_logprobs=0).lower(lowering_platforms=(platform,))

@@ -90,7 +90,7 @@ def test_plain_decoding_updates_the_cache_in_place(host_hook, shipped_build):
   text = _plain_decode.lower(
       _FNS, _PARAMS, jnp.ones((1, 8), jnp.int32), jnp.array([8]), jnp.array([32]), row_keys(0, 1),
       max_new_tokens=32, capacity=_CAPACITY, eos_ids=(), sampling=sampling.filters(),
-      penalties=sampling.penalties(), host=host, logprobs=host_hook == "logprobs",
+      edits=sampling.logit_edits(), host=host, logprobs=host_hook == "logprobs",
       top_logprobs=3 if host_hook == "logprobs" else 0).compile(shipped_build).as_text()
   assert _cache_copies_outside_entry(text, _SHAPES) == 0
 
@@ -104,7 +104,7 @@ def test_chain_speculative_decoding_updates_the_target_cache_in_place(shipped_bu
                         capacity=_CAPACITY, lookahead=4, what="K=4")
   text = _asd_decode.lower(_FNS, _PARAMS, drafter, drafter_params, *req.arrays, rule="strict",
                            sampling=SamplingConfig().filters(),
-                           penalties=SamplingConfig().penalties(), normalize_q=False,
+                           edits=SamplingConfig().logit_edits(), normalize_q=False,
                            max_new_tokens=32, capacity=_CAPACITY, eos_ids=(),
                            host=NO_HOST_CALL, logprobs=False,
                            top_logprobs=0).compile(shipped_build).as_text()

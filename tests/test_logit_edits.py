@@ -1,4 +1,4 @@
-"""min_tokens, logit_bias and allowed_token_ids (asd_jax/penalties.py) in every engine.
+"""min_tokens, logit_bias and allowed_token_ids (asd_jax/logit_edits.py) in every engine.
 
 By-hand values; plain decoding against a float64 reference loop; strict chain, n-gram, tree and
 tree-ASD-at-budget-0 decoding equal plain decoding (the check fails when a round's rows ignore
@@ -16,7 +16,7 @@ import pytest
 
 from asd_jax import (SamplingConfig, TreeShape, asd_decode, asd_tree_decode, lm_chain_drafter,
                      lm_tree_drafter, plain_decode)
-from asd_jax import penalties
+from asd_jax import logit_edits
 from asd_jax.asd_config import ASDConfig, PAPER
 from asd_jax.ngram_drafter import ngram_drafter
 from asd_jax.sampling import probabilities
@@ -71,13 +71,13 @@ def test_eos_appears_early_without_min_tokens():
 
 def test_penalize_by_hand():
   z = jnp.array([[[2.0, -1.0, 0.5, jnp.nan]] * 4] * 2)  # B=2 rows, R=4 logits rows, V=4
-  setting = penalties.Penalties.of(min_tokens=3, eos_ids=(2, 3), logit_bias={0: -2.5, 1: 1.0},
-                                   vocab_size=4)
-  counts = penalties.add_output(penalties.count_prompt(jnp.zeros((2, 1), jnp.int32),
-                                                       jnp.array([1, 1]), 4, setting),
-                                jnp.array([[1], [1]]), jnp.array([[True], [False]]))
+  setting = logit_edits.LogitEdits.of(min_tokens=3, eos_ids=(2, 3), logit_bias={0: -2.5, 1: 1.0},
+                                      vocab_size=4)
+  counts = logit_edits.add_output(logit_edits.count_prompt(jnp.zeros((2, 1), jnp.int32),
+                                                         jnp.array([1, 1]), 4, setting),
+                                  jnp.array([[1], [1]]), jnp.array([[True], [False]]))
   draft = jnp.array([[0, 1, 0], [0, 1, 0]])
-  got = np.asarray(penalties.penalize(z, counts, setting, penalties.chain_context(draft)))
+  got = np.asarray(logit_edits.edit_logits(z, counts, setting, logit_edits.chain_context(draft)))
   # Row 0 has 1 output token: logits rows 0, 1 (answer lengths 1, 2) hold EOS 2 back.
   # Row 1 has none: rows 0-2 (lengths 0-2) hold it back. The NaN (id 3) always passes.
   for b, banned_rows in ((0, 2), (1, 3)):
@@ -86,13 +86,13 @@ def test_penalize_by_hand():
       np.testing.assert_allclose(got[b, r, :3], want, err_msg=f"row {b} logits row {r}")
       assert np.isnan(got[b, r, 3])
   # allowed_token_ids: every other token is -inf, a NaN still passes.
-  only = penalties.Penalties.of(allowed_token_ids=[1, 3], vocab_size=4)
-  got = np.asarray(penalties.penalize(z[:, 0], None, only))
+  only = logit_edits.LogitEdits.of(allowed_token_ids=[1, 3], vocab_size=4)
+  got = np.asarray(logit_edits.edit_logits(z[:, 0], None, only))
   assert (got[:, [0, 2]] == -np.inf).all() and (got[:, 1] == -1.0).all()
   assert np.isnan(got[:, 3]).all()
   # No EOS ids (--ignore-eos) or min_tokens 0: nothing is held back.
-  assert not penalties.Penalties.of(min_tokens=3).on
-  assert not penalties.Penalties.of(eos_ids=(2,)).on
+  assert not logit_edits.LogitEdits.of(min_tokens=3).on
+  assert not logit_edits.LogitEdits.of(eos_ids=(2,)).on
 
 
 @pytest.mark.parametrize("setting", SETTINGS)
@@ -154,9 +154,9 @@ def test_the_equality_check_fails_when_rows_ignore_their_drafted_length(monkeypa
   hold an EOS back where plain decoding chooses it, and must fail the equality above: the
   control."""
   from asd_jax import spec_decode, tree_decode
-  monkeypatch.setattr(spec_decode.penalties_lib, "chain_context",
+  monkeypatch.setattr(spec_decode.logit_edits, "chain_context",
                       lambda d: jnp.full((d.shape[0], d.shape[1] + 1, 1), -1, jnp.int32))
-  monkeypatch.setattr(tree_decode.penalties_lib, "tree_context",
+  monkeypatch.setattr(tree_decode.logit_edits, "tree_context",
                       lambda t, p: jnp.full((t.shape[0], t.shape[1] + 1, 1), -1, jnp.int32))
   chain = dataclasses.replace(lm_chain_drafter(_FNS, 4))  # new static args: traced again
   tree = dataclasses.replace(lm_tree_drafter(_FNS, TreeShape(4, 3, 12)))

@@ -1,4 +1,4 @@
-"""Repetition, presence and frequency penalties (asd_jax/penalties.py) in every engine.
+"""Repetition, presence and frequency penalties (asd_jax/logit_edits.py) in every engine.
 
 By-hand values; plain decoding against a float64 reference loop and against transformers'
 `generate(repetition_penalty=...)`; strict chain, n-gram and tree decoding equal plain decoding
@@ -15,7 +15,7 @@ import pytest
 
 from asd_jax import (SamplingConfig, TreeShape, asd_decode, asd_tree_decode, lm_chain_drafter,
                      lm_tree_drafter, plain_decode)
-from asd_jax import penalties
+from asd_jax import logit_edits
 from asd_jax.asd_config import ASDConfig
 from asd_jax.ngram_drafter import ngram_drafter
 from asd_jax.sampling import probabilities
@@ -50,23 +50,25 @@ def reference_penalties(z, prompt, output, repetition_penalty=1.0, presence_pena
 
 
 def _penalties(setting):
-  return SamplingConfig(**setting).penalties()
+  return SamplingConfig(**setting).logit_edits()
 
 
 def test_penalize_by_hand():
   z = jnp.array([[2.0, -2.0, 1.0, -1.0, 3.0, 0.5]])
-  setting = penalties.Penalties.of(2.0, 0.5, 0.25)
-  counts = penalties.count_prompt(jnp.array([[0, 1, 4]]), jnp.array([2]), 6, setting)  # 4: padding
-  counts = penalties.add_output(counts, jnp.array([[2, 3, 3, 5]]),
-                                jnp.array([[True, True, True, False]]))
-  got = penalties.penalize(z, counts, setting)
+  setting = logit_edits.LogitEdits.of(2.0, 0.5, 0.25)
+  # Prompt [0, 1] padded with a 4.
+  counts = logit_edits.count_prompt(jnp.array([[0, 1, 4]]), jnp.array([2]), 6, setting)
+  counts = logit_edits.add_output(counts, jnp.array([[2, 3, 3, 5]]),
+                                  jnp.array([[True, True, True, False]]))
+  got = logit_edits.edit_logits(z, counts, setting)
   # 0, 1 in the prompt; 2 once and 3 twice in the output; 4 padding; 5 not kept.
   want = [2.0 / 2, -2.0 * 2, 1.0 / 2 - 0.25 - 0.5, -1.0 * 2 - 0.5 - 0.5, 3.0, 0.5]
   np.testing.assert_allclose(np.asarray(got)[0], want, rtol=1e-6)
   np.testing.assert_allclose(np.asarray(got)[0], reference_penalties(
       z[0], [0, 1], [2, 3, 3], 2.0, 0.5, 0.25), rtol=1e-6)
   # Off: the logits themselves, dtype included.
-  assert penalties.penalize(z.astype(jnp.bfloat16), None, penalties.OFF).dtype == jnp.bfloat16
+  off = logit_edits.edit_logits(z.astype(jnp.bfloat16), None, logit_edits.OFF)
+  assert off.dtype == jnp.bfloat16
 
 
 def test_penalize_rows_count_their_context():
@@ -74,11 +76,12 @@ def test_penalize_rows_count_their_context():
   z = rng.randn(2, 4, 12).astype(np.float32)
   prompt, lengths = np.array([[1, 2, 3], [4, 4, 0]]), np.array([3, 2])
   setting = dict(repetition_penalty=1.7, presence_penalty=0.4, frequency_penalty=0.9)
-  counts = penalties.add_output(penalties.count_prompt(prompt, lengths, 12, _penalties(setting)),
-                                np.array([[5, 6], [7, 0]]), np.array([[True, True], [True, False]]))
+  counts = logit_edits.add_output(
+      logit_edits.count_prompt(prompt, lengths, 12, _penalties(setting)),
+      np.array([[5, 6], [7, 0]]), np.array([[True, True], [True, False]]))
   draft = np.array([[6, 8, 8], [9, 1, 4]], np.int32)
-  got = np.asarray(penalties.penalize(z, counts, _penalties(setting),
-                                      penalties.chain_context(draft)))
+  got = np.asarray(logit_edits.edit_logits(z, counts, _penalties(setting),
+                                           logit_edits.chain_context(draft)))
   for b, output in enumerate(([5, 6], [7])):
     for j in range(4):  # row j sees draft[:j]
       want = reference_penalties(z[b, j], prompt[b, :lengths[b]].tolist(),
@@ -86,15 +89,15 @@ def test_penalize_rows_count_their_context():
       np.testing.assert_allclose(got[b, j], want, rtol=1e-5, atol=1e-6)
   # A tree's rows: node n's path from the root (tree_verify.tree_paths' layout).
   paths = np.array([[[0, -1], [0, 1], [2, -1]]], np.int32)
-  ctx = np.asarray(penalties.tree_context(np.array([[3, 7, 9]], np.int32), paths))
+  ctx = np.asarray(logit_edits.tree_context(np.array([[3, 7, 9]], np.int32), paths))
   np.testing.assert_array_equal(ctx, [[[-1, -1], [3, -1], [3, 7], [9, -1]]])
 
 
 def test_nonfinite_logits_pass_through_and_extremes_saturate():
   z = jnp.array([[jnp.nan, jnp.inf, -jnp.inf, 4.0, -4.0]])
-  setting = penalties.Penalties.of(1e-38)
-  counts = penalties.count_prompt(jnp.array([[0, 1, 2, 3, 4]]), jnp.array([5]), 5, setting)
-  got = np.asarray(penalties.penalize(z, counts, setting))
+  setting = logit_edits.LogitEdits.of(1e-38)
+  counts = logit_edits.count_prompt(jnp.array([[0, 1, 2, 3, 4]]), jnp.array([5]), 5, setting)
+  got = np.asarray(logit_edits.edit_logits(z, counts, setting))
   assert np.isnan(got[0, 0]) and got[0, 1] == np.inf and got[0, 2] == -np.inf
   # 4 / 1e-38 is past float32's range: the largest float32, not inf (softmax would give NaN).
   assert got[0, 3] == np.finfo(np.float32).max and np.isfinite(got[0, 4])
@@ -165,9 +168,9 @@ def test_the_equality_check_fails_when_rounds_ignore_the_drafted_context(monkeyp
   """Rounds whose rows see only the committed output (not draft[:j], not the node's path)
   must fail the equality above: the control that shows the check has the power to."""
   from asd_jax import spec_decode, tree_decode
-  monkeypatch.setattr(spec_decode.penalties_lib, "chain_context",
+  monkeypatch.setattr(spec_decode.logit_edits, "chain_context",
                       lambda d: jnp.full((d.shape[0], d.shape[1] + 1, 1), -1, jnp.int32))
-  monkeypatch.setattr(tree_decode.penalties_lib, "tree_context",
+  monkeypatch.setattr(tree_decode.logit_edits, "tree_context",
                       lambda t, p: jnp.full((t.shape[0], t.shape[1] + 1, 1), -1, jnp.int32))
   # Copies of the (cached) drafters: new static arguments, so the patched functions are traced
   # instead of the honest programs reused.

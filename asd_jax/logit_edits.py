@@ -21,7 +21,7 @@ output plus the drafted tokens before j (a chain) or the node's ancestors (a tre
 context that position has if the draft is accepted (its tokens count, and its length is what
 min_tokens reads). So strict verification still gives plain greedy decoding's output under the
 same settings, and speculative sampling stays lossless. Language-model chain drafters draft
-under them too (`DraftPenalty`); the others propose as they would without them, which costs
+under them too (`DraftLogitEdits`); the others propose as they would without them, which costs
 acceptance only, since every proposal is verified. Log-probabilities stay the model's raw ones,
 as vLLM reports by default.
 
@@ -94,7 +94,7 @@ def check_allowed_token_ids(allowed) -> tuple[int, ...] | None:
 def check_logit_bias(logit_bias) -> tuple[tuple[int, float], ...]:
   """Validates a logit bias ({token id: bias} or (id, bias) pairs; ids >= 0, biases in
   [-100, 100]); returns it as sorted (id, bias) pairs. Raises ValueError. Ids are checked
-  against the vocabulary where it is known (`Penalties.of`)."""
+  against the vocabulary where it is known (`LogitEdits.of`)."""
   pairs = logit_bias.items() if isinstance(logit_bias, dict) else logit_bias
   try:
     pairs = [tuple(pair) for pair in pairs]
@@ -119,11 +119,11 @@ def check_logit_bias(logit_bias) -> tuple[tuple[int, float], ...]:
 
 
 @flax.struct.dataclass
-class Penalties:
+class LogitEdits:
   """The request's logit edits as the engines compute with them: the values are traced (new
   values reuse the compiled program); which edits are on is static (all off, the engines carry
-  no token counts and compute nothing). Build one with `Penalties.of` (checked) or
-  SamplingConfig.penalties(vocab_size, eos_ids)."""
+  no token counts and compute nothing). Build one with `LogitEdits.of` (checked) or
+  SamplingConfig.logit_edits(vocab_size, eos_ids)."""
 
   repetition: Any  # float32 scalar
   presence: Any  # float32 scalar
@@ -144,7 +144,7 @@ class Penalties:
   @classmethod
   def of(cls, repetition=1.0, presence=0.0, frequency=0.0, *, min_tokens=0, eos_ids=(),
          logit_bias=(), allowed_token_ids=None, vocab_size: int | None = None,
-         max_new_tokens: int | None = None) -> "Penalties":
+         max_new_tokens: int | None = None) -> "LogitEdits":
     """Checked settings. eos_ids: the ids that end an answer (min_tokens holds them back);
     vocab_size: needed with a logit_bias or allowed_token_ids (their ids are checked against
     it); max_new_tokens: the request's (a min_tokens above it is refused, as vLLM refuses one
@@ -183,7 +183,7 @@ class Penalties:
                banned_until_min=tuple(map(int, eos_ids)) if min_tokens else ())
 
 
-OFF = Penalties.of()
+OFF = LogitEdits.of()
 
 
 @flax.struct.dataclass
@@ -197,14 +197,14 @@ class TokenCounts:
   in_prompt_BxV: jax.Array | None = None
 
 
-def count_prompt(prompt_BxT, lengths_B, vocab: int, penalties: Penalties) -> TokenCounts | None:
+def count_prompt(prompt_BxT, lengths_B, vocab: int, edits: LogitEdits) -> TokenCounts | None:
   """Counts for a request before its first token: the prompt's tokens (padding excluded);
   None when the request edits no logits."""
-  if not penalties.on:
+  if not edits.on:
     return None
   b, t = prompt_BxT.shape
   counts = TokenCounts(output_length_B=jnp.zeros((b,), jnp.int32))
-  if not penalties.counts_tokens:
+  if not edits.counts_tokens:
     return counts
   real_BxT = jnp.arange(t)[None] < lengths_B[:, None]
   ids_BxT = jnp.where(real_BxT, prompt_BxT, vocab)  # vocab = out of bounds: dropped
@@ -228,21 +228,21 @@ def add_output(counts: TokenCounts | None, tokens_BxJ, keep_BxJ) -> TokenCounts 
 
 
 @flax.struct.dataclass
-class DraftPenalty:
+class DraftLogitEdits:
   """What a drafter that drafts under the request's logit edits reads
-  (ChainDrafter.takes_penalty): the committed output's counts and the request's settings. A
+  (ChainDrafter.takes_logit_edits): the committed output's counts and the request's settings. A
   drafter that picks what the target picks then still does under them (the target drafting for
   itself accepts every draft, tests/test_penalties.py, test_logit_edits.py); a
   distilled one gained little from drafting under a penalty (scripts/penalty_tau.py)."""
 
   counts: TokenCounts
-  penalties: Penalties
+  edits: LogitEdits
 
   def apply(self, logits_BxV):
     """The penalized logits the next draft token is chosen from."""
-    return penalize(logits_BxV, self.counts, self.penalties)
+    return edit_logits(logits_BxV, self.counts, self.edits)
 
-  def after(self, token_B) -> "DraftPenalty":
+  def after(self, token_B) -> "DraftLogitEdits":
     """The same, with token_B drafted (counted as output for the draft tokens after it)."""
     return self.replace(counts=add_output(self.counts, token_B[:, None],
                                           jnp.ones(token_B.shape + (1,), bool)))
@@ -265,7 +265,7 @@ def tree_context(tokens_BxN, paths_BxNxD):
   return jnp.concatenate([jnp.full((b, 1, d), -1, jnp.int32), path_tokens_BxNxD], axis=1)
 
 
-def penalize(logits, counts: TokenCounts | None, penalties: Penalties, context_BxRxJ=None):
+def edit_logits(logits, counts: TokenCounts | None, edits: LogitEdits, context_BxRxJ=None):
   """float32 logits [B, V] or [B, R, V] after the request's edits (the input unchanged when
   they are off). Row r of [B, R, V] also counts context_BxRxJ[:, r]'s tokens (-1 = none) as
   output.
@@ -274,16 +274,16 @@ def penalize(logits, counts: TokenCounts | None, penalties: Penalties, context_B
   finite logit a penalty would push past float32's range saturates at its largest value
   instead (r = 1e-38 would make a logit of 4 infinite, and softmax NaN).
   """
-  if not penalties.on:
+  if not edits.on:
     return logits
   z = logits.astype(jnp.float32)
   rows = z.ndim == 3
   z_BxRxV = z if rows else z[:, None]
   b, r, vocab = z_BxRxV.shape
   out = z_BxRxV
-  if penalties.bias_V is not None:
-    out = out + jnp.asarray(penalties.bias_V, jnp.float32)
-  if penalties.counts_tokens:
+  if edits.bias_V is not None:
+    out = out + jnp.asarray(edits.bias_V, jnp.float32)
+  if edits.counts_tokens:
     output_BxRxV = jnp.broadcast_to(counts.output_BxV[:, None], (b, r, vocab))
     if context_BxRxJ is not None:
       ids_BxRxJ = jnp.where(context_BxRxJ >= 0, context_BxRxJ, vocab)
@@ -291,19 +291,19 @@ def penalize(logits, counts: TokenCounts | None, penalties: Penalties, context_B
                                      jnp.arange(r)[None, :, None], ids_BxRxJ].add(1, mode="drop")
     in_output = output_BxRxV > 0
     seen = in_output | counts.in_prompt_BxV[:, None]
-    repetition = jnp.asarray(penalties.repetition, jnp.float32)
+    repetition = jnp.asarray(edits.repetition, jnp.float32)
     out = jnp.where(seen, jnp.where(out > 0, out / repetition, out * repetition), out)
-    out = (out - jnp.asarray(penalties.frequency, jnp.float32) * output_BxRxV
-           - jnp.asarray(penalties.presence, jnp.float32) * in_output)
+    out = (out - jnp.asarray(edits.frequency, jnp.float32) * output_BxRxV
+           - jnp.asarray(edits.presence, jnp.float32) * in_output)
   finite = jnp.isfinite(z_BxRxV)
   out = jnp.where(finite, jnp.clip(out, -_FLOAT32_MAX, _FLOAT32_MAX), z_BxRxV)
-  if penalties.banned_until_min:
+  if edits.banned_until_min:
     # Row r chooses output token number length + (its drafted context's length).
     drafted_BxR = 0 if context_BxRxJ is None else (context_BxRxJ >= 0).sum(-1, dtype=jnp.int32)
-    early_BxR = counts.output_length_B[:, None] + drafted_BxR < penalties.min_tokens
-    banned_V = jnp.zeros((vocab,), bool).at[jnp.asarray(penalties.banned_until_min)].set(
+    early_BxR = counts.output_length_B[:, None] + drafted_BxR < edits.min_tokens
+    banned_V = jnp.zeros((vocab,), bool).at[jnp.asarray(edits.banned_until_min)].set(
         True, mode="drop")
     out = jnp.where(early_BxR[:, :, None] & banned_V & finite, -jnp.inf, out)
-  if penalties.allowed_V is not None:
-    out = jnp.where(~jnp.asarray(penalties.allowed_V) & finite, -jnp.inf, out)
+  if edits.allowed_V is not None:
+    out = jnp.where(~jnp.asarray(edits.allowed_V) & finite, -jnp.inf, out)
   return out if rows else out[:, 0]
