@@ -122,8 +122,7 @@ def _children(logits_BxMxV, key, k, sampling: Filters):
     logq_BxMxV = jax.nn.log_softmax(logits_BxMxV.astype(jnp.float32), axis=-1)
     logq_BxMxk, tok_BxMxk = jax.lax.top_k(logq_BxMxV, k)
     return tok_BxMxk.astype(jnp.int32), logq_BxMxk
-  q_BxMxV = probabilities(logits_BxMxV.reshape(-1, logits_BxMxV.shape[-1]), sampling)
-  q_BxMxV = q_BxMxV.reshape(logits_BxMxV.shape)
+  q_BxMxV = probabilities(logits_BxMxV, sampling)  # (per-row filters need rows leading)
   tok_kxBxM = categorical_rows(key, jnp.log(q_BxMxV), num=k)
   tok_BxMxk = jnp.moveaxis(tok_kxBxM, 0, -1).astype(jnp.int32)
   logq_BxMxk = jnp.log(jnp.take_along_axis(q_BxMxV, tok_BxMxk, axis=-1))

@@ -125,6 +125,8 @@ class LogitEdits:
   no token counts and compute nothing). Build one with `LogitEdits.of` (checked) or
   SamplingConfig.logit_edits(vocab_size, eos_ids)."""
 
+  # Each value is one request's (a scalar, bias_V and allowed_V [V]) or one per row of the
+  # batch (a leading [B] axis; `of_rows`).
   repetition: Any  # float32 scalar
   presence: Any  # float32 scalar
   frequency: Any  # float32 scalar
@@ -181,6 +183,34 @@ class LogitEdits:
                np.int32(min_tokens), bias_V, allowed_V,
                counts_tokens=(repetition, presence, frequency) != (1.0, 0.0, 0.0),
                banned_until_min=tuple(map(int, eos_ids)) if min_tokens else ())
+
+  @classmethod
+  def of_rows(cls, rows: list["LogitEdits"]) -> "LogitEdits":
+    """One request's LogitEdits per row (each built with `of`, so checked; one decode call, so
+    the same EOS ids) as one whose values are per row: repetition, presence, frequency and
+    min_tokens [B], bias_V and allowed_V [B, V]. An edit is on when any row's is; a row without
+    it gets the neutral value (penalty 1 / 0, bias 0, min_tokens 0, every id allowed), which
+    leaves its logits exactly as they are."""
+    if not rows:
+      raise ValueError("per-row logit edits need at least one row")
+    if not any(row.on for row in rows):
+      return rows[0]
+    held_back = {row.banned_until_min for row in rows if row.banned_until_min}
+    if len(held_back) > 1:
+      raise ValueError(f"the rows of one decode call hold back different EOS ids {held_back}")
+
+    def stack(name, neutral):
+      if all(getattr(row, name) is None for row in rows):
+        return None
+      vocab = next(getattr(row, name) for row in rows if getattr(row, name) is not None).size
+      return np.stack([np.full(vocab, neutral) if getattr(row, name) is None
+                       else np.asarray(getattr(row, name)) for row in rows])
+
+    return cls(*(np.stack([np.asarray(getattr(row, name)) for row in rows])
+                 for name in ("repetition", "presence", "frequency", "min_tokens")),
+               bias_V=stack("bias_V", np.float32(0)), allowed_V=stack("allowed_V", True),
+               counts_tokens=any(row.counts_tokens for row in rows),
+               banned_until_min=held_back.pop() if held_back else ())
 
 
 OFF = LogitEdits.of()
@@ -280,9 +310,16 @@ def edit_logits(logits, counts: TokenCounts | None, edits: LogitEdits, context_B
   rows = z.ndim == 3
   z_BxRxV = z if rows else z[:, None]
   b, r, vocab = z_BxRxV.shape
+
+  def per_row(value, dtype, trailing: int):
+    """A value of one request (`trailing` dims: 0 for a scalar, 1 for [V]) as it is; one per
+    row ([B] + trailing) with the logits row axis R inserted after B."""
+    value = jnp.asarray(value, dtype)
+    return value if value.ndim == trailing else jnp.expand_dims(value, 1 if trailing else (1, 2))
+
   out = z_BxRxV
   if edits.bias_V is not None:
-    out = out + jnp.asarray(edits.bias_V, jnp.float32)
+    out = out + per_row(edits.bias_V, jnp.float32, 1)
   if edits.counts_tokens:
     output_BxRxV = jnp.broadcast_to(counts.output_BxV[:, None], (b, r, vocab))
     if context_BxRxJ is not None:
@@ -291,19 +328,21 @@ def edit_logits(logits, counts: TokenCounts | None, edits: LogitEdits, context_B
                                      jnp.arange(r)[None, :, None], ids_BxRxJ].add(1, mode="drop")
     in_output = output_BxRxV > 0
     seen = in_output | counts.in_prompt_BxV[:, None]
-    repetition = jnp.asarray(edits.repetition, jnp.float32)
+    repetition = per_row(edits.repetition, jnp.float32, 0)
     out = jnp.where(seen, jnp.where(out > 0, out / repetition, out * repetition), out)
-    out = (out - jnp.asarray(edits.frequency, jnp.float32) * output_BxRxV
-           - jnp.asarray(edits.presence, jnp.float32) * in_output)
+    out = (out - per_row(edits.frequency, jnp.float32, 0) * output_BxRxV
+           - per_row(edits.presence, jnp.float32, 0) * in_output)
   finite = jnp.isfinite(z_BxRxV)
   out = jnp.where(finite, jnp.clip(out, -_FLOAT32_MAX, _FLOAT32_MAX), z_BxRxV)
   if edits.banned_until_min:
     # Row r chooses output token number length + (its drafted context's length).
     drafted_BxR = 0 if context_BxRxJ is None else (context_BxRxJ >= 0).sum(-1, dtype=jnp.int32)
-    early_BxR = counts.output_length_B[:, None] + drafted_BxR < edits.min_tokens
+    min_tokens = jnp.asarray(edits.min_tokens)
+    early_BxR = counts.output_length_B[:, None] + drafted_BxR < (
+        min_tokens[:, None] if min_tokens.ndim else min_tokens)
     banned_V = jnp.zeros((vocab,), bool).at[jnp.asarray(edits.banned_until_min)].set(
         True, mode="drop")
     out = jnp.where(early_BxR[:, :, None] & banned_V & finite, -jnp.inf, out)
   if edits.allowed_V is not None:
-    out = jnp.where(~jnp.asarray(edits.allowed_V) & finite, -jnp.inf, out)
+    out = jnp.where(~per_row(edits.allowed_V, bool, 1) & finite, -jnp.inf, out)
   return out if rows else out[:, 0]

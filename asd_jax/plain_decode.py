@@ -9,6 +9,7 @@ Shape notation: B rows, T prompt width, N = max_new_tokens, V vocab.
 from __future__ import annotations
 
 import functools
+from typing import Sequence
 
 import flax.struct
 import jax
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 from asd_jax import logit_edits, output_buffer, request_checks
 from asd_jax.lm_api import LanguageModelFns, check_logits
 from asd_jax.logit_edits import LogitEdits, TokenCounts
-from asd_jax.sampling import SamplingConfig, select_token
+from asd_jax.sampling import SamplingConfig, sampling_for_rows, select_token
 from asd_jax.spec_sampling import Filters
 from asd_jax.sampling_keys import row_keys, split_keys
 from asd_jax.host_calls import HostCall, finish_host_calls, host_calls
@@ -154,7 +155,8 @@ def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_
 
 
 def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_new_tokens: int,
-                 eos_ids=(), sampling: SamplingConfig = SamplingConfig(), seed: int = 0,
+                 eos_ids=(), sampling: SamplingConfig | Sequence[SamplingConfig] = SamplingConfig(),
+                 seed: int = 0,
                  max_new_B=None, capacity: int | None = None,
                  stream: TokenStream | None = None,
                  stop: StopArg = None, logprobs: bool = False,
@@ -169,7 +171,9 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
       it per row. Requests whose max_new_tokens round up to the same multiple of 64 share one
       compiled program (asd_jax/output_buffer.py).
     eos_ids: a row stops after emitting any of these (it is included in the output).
-    sampling: greedy by default; its logit edits (asd_jax/logit_edits.py) apply too.
+    sampling: greedy by default; its logit edits (asd_jax/logit_edits.py) apply too. One
+      SamplingConfig for every row, or a list with one per row (a batch of requests that
+      sample differently): each row decodes as it would alone with its own settings.
     seed: an int, or int[B] one per request; each row samples from its own key
       (asd_jax.sampling_keys.row_keys), so a row's output does not depend on its batch.
     capacity: KV-cache slots per row (static); default: prompt width + max_new_tokens rounded
@@ -183,10 +187,10 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
       log-probabilities (DecodeResult.top_token_ids_BxNxL / top_logprobs_BxNxL).
   """
   request_checks.check_type("fns", fns, LanguageModelFns)
-  request_checks.check_type("sampling", sampling, SamplingConfig)
   prompt, lengths, max_new_tokens, eos_ids, max_new_B = request_checks.check_request_tokens(
       fns, prompt_BxT, lengths_B, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
       max_new_B=max_new_B)
+  sampling = sampling_for_rows(sampling, prompt.shape[0])
   capacity = request_checks.resolve_capacity(
       capacity, prompt.shape[1] + max_new_tokens, "prompt + max_new_tokens",
       window_needs=fns.max_positions, model=fns.name)

@@ -91,6 +91,63 @@ class SamplingConfig:
                         max_new_tokens=max_new_tokens)
 
 
+@dataclasses.dataclass(frozen=True)
+class RowSampling:
+  """A decode call whose rows sample differently (a server's batch of requests): one
+  SamplingConfig per row, read by the engines as they read one SamplingConfig. Its Filters and
+  LogitEdits hold a value per row (Filters.of_rows, LogitEdits.of_rows): each row decodes as it
+  would alone with its own settings; a filter or edit runs for the batch when any row uses it.
+  Made by `sampling_for_rows`."""
+
+  rows: tuple[SamplingConfig, ...]
+
+  @property
+  def greedy(self) -> bool:
+    """Every row greedy (the greedy rules need it; with some rows sampled, rule "sample")."""
+    return all(row.greedy for row in self.rows)
+
+  @property
+  def temperature(self) -> float:
+    """The first sampled row's temperature (what an error about a greedy rule names)."""
+    return next((row.temperature for row in self.rows if not row.greedy), 0.0)
+
+  @property
+  def min_tokens(self) -> tuple[int, ...]:
+    return tuple(row.min_tokens for row in self.rows)
+
+  def filters(self) -> Filters:
+    return Filters.of_rows([row.filters() for row in self.rows])
+
+  def logit_edits(self, vocab_size: int | None = None, eos_ids=(),
+                  max_new_tokens: int | None = None) -> LogitEdits:
+    return LogitEdits.of_rows([row.logit_edits(vocab_size, eos_ids, max_new_tokens)
+                               for row in self.rows])
+
+
+def sampling_for_rows(sampling, batch: int | None = None) -> SamplingConfig | RowSampling:
+  """The engines' `sampling` argument, checked: one SamplingConfig for every row, or a list
+  (or tuple) with one per row (checked against `batch` when given). A list whose rows are all
+  equal is that one SamplingConfig, so it runs the program one setting runs."""
+  if isinstance(sampling, (SamplingConfig, RowSampling)):
+    rows = sampling.rows if isinstance(sampling, RowSampling) else None
+  elif isinstance(sampling, (list, tuple)):
+    rows = tuple(sampling)
+    for i, row in enumerate(rows):
+      if not isinstance(row, SamplingConfig):
+        raise TypeError(f"sampling[{i}] must be a SamplingConfig, got {type(row).__name__}")
+    if not rows:
+      raise ValueError("sampling is an empty list; give one SamplingConfig per prompt row")
+  else:
+    raise TypeError(f"sampling must be a SamplingConfig or a list with one SamplingConfig per "
+                    f"prompt row, got {type(sampling).__name__}")
+  if rows is None:
+    return sampling
+  if batch is not None and len(rows) != batch:
+    raise ValueError(f"sampling has {len(rows)} SamplingConfigs for {batch} prompt rows; give "
+                     "one per row, or one SamplingConfig for all")
+  return rows[0] if all(row == rows[0] for row in rows) else RowSampling(rows)
+
+
 def probabilities(logits_BxV: jax.Array, cfg: SamplingConfig | Filters) -> jax.Array:
   """float32[B, V]: the distribution a sampler with `cfg` draws from (one-hot when greedy).
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +32,7 @@ from asd_jax.greedy_verify import greedy_verify
 from asd_jax.lm_api import LanguageModelFns, check_logits
 from asd_jax.logit_edits import LogitEdits
 from asd_jax.plain_decode import DECODE_LOOP_COMPILER_OPTIONS
-from asd_jax.sampling import SamplingConfig, select_token
+from asd_jax.sampling import RowSampling, SamplingConfig, sampling_for_rows, select_token
 from asd_jax.sampling_keys import row_keys, split_keys
 from asd_jax.spec_sampling import Filters, chain_sample_core, sample_without_draft
 from asd_jax.host_calls import HostCall, finish_host_calls, host_calls
@@ -187,7 +188,8 @@ def required_capacity(prompt_width: int, max_new_tokens: int, num_draft: int) ->
 def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, drafter_params,
                prompt_BxT, lengths_B, *, max_new_tokens: int, rule: str = "strict",
                asd_config: ASDConfig = PAPER,
-               sampling: SamplingConfig = SamplingConfig(), eos_ids=(), seed: int = 0,
+               sampling: SamplingConfig | Sequence[SamplingConfig] = SamplingConfig(),
+               eos_ids=(), seed: int = 0,
                max_new_B=None, capacity: int | None = None,
                stream: TokenStream | None = None,
                stop: StopArg = None, logprobs: bool = False,
@@ -205,7 +207,10 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
       near-ties: a K+1-token block rounds otherwise than one-token steps), "asd" (ASD with
       `asd_config`; the ledger persists across rounds for the whole request) or "sample"
       (lossless speculative sampling with `sampling`; output distributed as plain sampling;
-      at temperature 0 that is greedy decoding, and it runs as "strict"). `sampling`'s
+      at temperature 0 that is greedy decoding, and it runs as "strict"). `sampling` is one
+      SamplingConfig for every row, or a list with one per row (a batch of requests that
+      sample differently; each row decodes as it would alone; greedy rules need every row
+      greedy, "sample" takes any mix, a temperature-0 row decoding greedily). `sampling`'s
       logit edits (logit_bias, the penalties, min_tokens, allowed_token_ids:
       asd_jax/logit_edits.py) apply under every rule: strict still equals plain greedy decoding
       with the same settings.
@@ -233,6 +238,7 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
   """
   if not isinstance(drafter, ChainDrafter):
     raise TypeError(f"drafter must be a ChainDrafter, got {type(drafter).__name__}")
+  sampling = sampling_for_rows(sampling)
   req = prepare_request(target, drafter.vocab_size, prompt_BxT, lengths_B, rule=rule,
                         asd_config=asd_config, sampling=sampling, eos_ids=eos_ids,
                         max_new_tokens=max_new_tokens, max_new_B=max_new_B, capacity=capacity,
@@ -244,7 +250,7 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
 
 
 def run_loop(loop, target: LanguageModelFns, target_params, drafter, drafter_params,
-             req: PreparedRequest, *, sampling: SamplingConfig, normalize_q: bool,
+             req: PreparedRequest, *, sampling: SamplingConfig | RowSampling, normalize_q: bool,
              stream: TokenStream | None, stop: StopArg, logprobs: bool, top_logprobs: int):
   """Runs a speculative decode loop (_asd_decode or tree_decode._tree_decode) on a prepared
   request: each model's params are checked to be its own (another model's fail here, naming
@@ -291,7 +297,7 @@ def prepare_request(target: LanguageModelFns, drafter_vocab: int, prompt_BxT, le
   past them gets a warning (request_checks.warn_past_drafter_window).
   """
   request_checks.check_type("target", target, LanguageModelFns)
-  request_checks.check_type("sampling", sampling, SamplingConfig)
+  sampling = sampling_for_rows(sampling)
   request_checks.check_type("asd_config", asd_config, ASDConfig)
   if rule not in RULES:
     raise ValueError(f"unknown rule {rule!r}; choose one of {RULES}")
@@ -304,6 +310,7 @@ def prepare_request(target: LanguageModelFns, drafter_vocab: int, prompt_BxT, le
   prompt, lengths, max_new_tokens, eos_ids, max_new_B = request_checks.check_request_tokens(
       target, prompt_BxT, lengths_B, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
       max_new_B=max_new_B)
+  sampling_for_rows(sampling, prompt.shape[0])  # a list of settings: one per row
   request_checks.warn_past_drafter_window(drafter_window[1], lengths, max_new_tokens,
                                           drafter_window[0])
   if target.max_positions is not None and lookahead >= target.max_positions:

@@ -83,16 +83,24 @@ class Filters:
   a jitted decode loop they are traced and a new temperature, min-p, top-k or top-p reuses the
   compiled program; which filters run (greedy, min-p on, top-k on, top-p on) is static. Build
   one with `Filters.of` (checked) or SamplingConfig.filters().
+
+  Per-row filters (`Filters.of_rows`, a batch whose requests sample differently, as a server's
+  batch does): each value is [B], one per row, and a filter is on when any row uses it; a row
+  that does not keeps its logits exactly as its own Filters would (min-p 0, top-k 0 and top-p 1
+  select the unfiltered values), and a row at temperature 0 in a batch that samples gets the
+  one-hot at its argmax, which every rule treats as greedy decoding.
   """
 
-  temperature: Any  # float32 scalar; unused when greedy
-  top_k: Any  # int32 scalar; unused when not use_top_k
-  top_p: Any  # float32 scalar; unused when not use_top_p
-  min_p: Any  # float32 scalar; unused when not use_min_p
-  greedy: bool = flax.struct.field(pytree_node=False, default=False)
+  temperature: Any  # float32 scalar or [B]; unused when greedy
+  top_k: Any  # int32 scalar or [B]; unused when not use_top_k
+  top_p: Any  # float32 scalar or [B]; unused when not use_top_p
+  min_p: Any  # float32 scalar or [B]; unused when not use_min_p
+  greedy: bool = flax.struct.field(pytree_node=False, default=False)  # every row greedy
   use_top_k: bool = flax.struct.field(pytree_node=False, default=False)
   use_top_p: bool = flax.struct.field(pytree_node=False, default=False)
   use_min_p: bool = flax.struct.field(pytree_node=False, default=False)
+  # Per-row filters only: some rows greedy (temperature 0) and some not.
+  some_greedy: bool = flax.struct.field(pytree_node=False, default=False)
 
   @classmethod
   def of(cls, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0) -> "Filters":
@@ -100,6 +108,18 @@ class Filters:
     return cls(np.float32(temperature), np.int32(top_k), np.float32(top_p), np.float32(min_p),
                greedy=temperature == 0.0, use_top_k=top_k > 0, use_top_p=top_p < 1.0,
                use_min_p=min_p > 0.0)
+
+  @classmethod
+  def of_rows(cls, rows: list["Filters"]) -> "Filters":
+    """One row's Filters each (built with `of`, so checked), as one per-row Filters."""
+    if not rows:
+      raise ValueError("per-row filters need at least one row")
+    values = {name: np.stack([np.asarray(getattr(r, name)) for r in rows])
+              for name in ("temperature", "top_k", "top_p", "min_p")}
+    greedy = [r.greedy for r in rows]
+    return cls(**values, greedy=all(greedy), some_greedy=any(greedy) and not all(greedy),
+               **{flag: any(getattr(r, flag) for r in rows)
+                  for flag in ("use_top_k", "use_top_p", "use_min_p")})
 
 
 def scale_logits(z_xV, temperature: float):
@@ -130,32 +150,52 @@ def _radix_select(keys_xV, weights_xV, need_x1):
   return lax.fori_loop(0, 32, fix_bit, jnp.zeros(keys_xV.shape[:-1] + (1,), jnp.uint32))
 
 
+def _per_row(value, like_xV, dtype):
+  """A filter value as it broadcasts against logits [..., V]: a scalar as it is, a per-row
+  value [B] as [B, 1, ..., 1] (rows lead every logits array the rules and drafters filter)."""
+  value = jnp.asarray(value, dtype)
+  return value.reshape(value.shape + (1,) * (like_xV.ndim - value.ndim))
+
+
 def filtered_probs(logits_xV, filters: Filters):
-  """float32[..., V]: apply_sampling_filters for Filters (values traced or concrete)."""
+  """float32[..., V]: apply_sampling_filters for Filters (values traced or concrete; scalars,
+  or one per row of the leading axis)."""
   vocab = logits_xV.shape[-1]
   z_xV = logits_xV.astype(jnp.float32)
   if filters.greedy:
     return jax.nn.one_hot(first_argmax(z_xV)[0], vocab, dtype=jnp.float32)
-  z_xV = scale_logits(z_xV, jnp.asarray(filters.temperature, jnp.float32))
+  temperature = _per_row(filters.temperature, z_xV, jnp.float32)
+  if filters.some_greedy:  # those rows divide by 1 here and take their one-hot at the end
+    greedy_x1 = temperature == 0
+    argmax_xV = jax.nn.one_hot(first_argmax(z_xV)[0], vocab, dtype=jnp.float32)
+    temperature = jnp.where(greedy_x1, 1.0, temperature)
+  z_xV = scale_logits(z_xV, temperature)
   if filters.use_min_p:
     # min-p (vLLM's order: after temperature, before top-k/top-p): keep p >= min_p * max p.
     # scale_logits put the top logit at 0, so that is z >= log(min_p): no softmax, no sort.
-    z_xV = jnp.where(z_xV >= jnp.log(jnp.asarray(filters.min_p, jnp.float32)), z_xV, -jnp.inf)
+    # (A row at min-p 0 compares with log 0 = -inf and keeps every logit.)
+    z_xV = jnp.where(z_xV >= jnp.log(_per_row(filters.min_p, z_xV, jnp.float32)), z_xV,
+                     -jnp.inf)
   if filters.use_top_k:
     # Keep every logit >= the k-th largest (ties at the boundary included). With k >= V no
     # threshold reaches k tokens' worth, the threshold stays at the lowest key: all are kept.
+    # A row at k = 0 (per-row filters) keeps its logits.
+    top_k = _per_row(filters.top_k, z_xV, jnp.float32)
     keys_xV = _order_key(z_xV)
-    kth_x1 = _radix_select(keys_xV, jnp.ones_like(z_xV),
-                           jnp.asarray(filters.top_k, jnp.float32))
-    z_xV = jnp.where(keys_xV >= kth_x1, z_xV, -jnp.inf)
+    kth_x1 = _radix_select(keys_xV, jnp.ones_like(z_xV), top_k)
+    z_xV = jnp.where((keys_xV >= kth_x1) | (top_k == 0), z_xV, -jnp.inf)
   p_xV = jax.nn.softmax(z_xV, axis=-1)
   if filters.use_top_p:
     # The smallest head whose mass reaches top_p: keep p >= the largest t with
     # mass(p >= t) >= top_p (so always at least the top token, and ties at the edge).
+    # A row at top-p 1 (per-row filters) keeps its probabilities as they are.
+    top_p = _per_row(filters.top_p, z_xV, jnp.float32)
     keys_xV = _order_key(p_xV)
-    floor_x1 = _radix_select(keys_xV, p_xV, jnp.asarray(filters.top_p, jnp.float32))
-    p_xV = jnp.where(keys_xV >= floor_x1, p_xV, 0.0)
-    p_xV = p_xV / jnp.sum(p_xV, axis=-1, keepdims=True)
+    floor_x1 = _radix_select(keys_xV, p_xV, top_p)
+    head_xV = jnp.where(keys_xV >= floor_x1, p_xV, 0.0)
+    p_xV = jnp.where(top_p < 1, head_xV / jnp.sum(head_xV, axis=-1, keepdims=True), p_xV)
+  if filters.some_greedy:
+    p_xV = jnp.where(greedy_x1, argmax_xV, p_xV)
   return p_xV
 
 

@@ -170,8 +170,8 @@ class RowStops:
 
   rows: tuple[StopStrings | None, ...]
   # A stop string counts only when the token completing it is at least the min_tokens-th of
-  # the answer (vLLM checks none before min_tokens).
-  min_tokens: int = 0
+  # the answer (vLLM checks none before min_tokens). One for every row, or a tuple, one per row.
+  min_tokens: int | tuple[int, ...] = 0
   # The first exception a `decode` raised in this call (re-raised after the loop; the check is
   # off for the rest of the call).
   _error: list = dataclasses.field(default_factory=list, init=False, repr=False)
@@ -187,12 +187,13 @@ class RowStops:
     if self._error:
       return keep_B, stopped_B
     tokens_BxW, before_B = np.asarray(tokens_BxW), np.asarray(before_B)
+    min_tokens_B = np.broadcast_to(np.asarray(self.min_tokens), keep_B.shape)
     try:
-      for row in np.flatnonzero(keep_B > np.maximum(before_B, self.min_tokens - 1)):
+      for row in np.flatnonzero(keep_B > np.maximum(before_B, min_tokens_B - 1)):
         if self.rows[row] is None:
           continue
         n = self.rows[row].first_stop(tokens_BxW[row, :keep_B[row]].tolist(),
-                                      int(before_B[row]), self.min_tokens)
+                                      int(before_B[row]), int(min_tokens_B[row]))
         if n is not None:
           keep_B[row], stopped_B[row] = n, True
     except Exception as e:  # noqa: BLE001 - re-raised by finish_host_calls, unchanged
@@ -204,11 +205,13 @@ class RowStops:
 StopArg = Union[StopStrings, Sequence[Union[StopStrings, None]], None]
 
 
-def row_stops(stop: StopArg, batch: int, min_tokens: int = 0) -> RowStops | None:
+def row_stops(stop: StopArg, batch: int,
+              min_tokens: int | tuple[int, ...] = 0) -> RowStops | None:
   """At the Python boundary of a decode call: `stop` (None, a StopStrings for every row, or a
   sequence with a StopStrings or None per row) as RowStops, None when no row has any. Anything
   else is refused here: inside the running loop it would fail as an XLA error. min_tokens: the
-  request's (SamplingConfig.min_tokens); no stop string ends an answer shorter than that."""
+  request's (SamplingConfig.min_tokens), or one per row; no stop string ends an answer shorter
+  than that."""
   if stop is None:
     return None
   if isinstance(stop, StopStrings):

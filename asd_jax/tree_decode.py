@@ -13,6 +13,7 @@ Shape notation: B rows, N tree nodes, D depth, V vocab, S cache slots.
 from __future__ import annotations
 
 import functools
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +27,7 @@ from asd_jax.lm_api import LanguageModelFns, check_logits
 from asd_jax.logit_edits import LogitEdits
 from asd_jax.plain_decode import DECODE_LOOP_COMPILER_OPTIONS
 from asd_jax.request_checks import check_type
-from asd_jax.sampling import SamplingConfig
+from asd_jax.sampling import SamplingConfig, sampling_for_rows
 from asd_jax.sampling_keys import split_keys
 from asd_jax.spec_decode import prepare_request, run_loop
 from asd_jax.spec_sampling import Filters, tree_sample_core
@@ -183,7 +184,8 @@ def asd_tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafte
                     drafter_params, prompt_BxT, lengths_B, *, max_new_tokens: int,
                     rule: str = "strict",
                     asd_config: ASDConfig = PAPER,
-                    sampling: SamplingConfig = SamplingConfig(), eos_ids=(), seed: int = 0,
+                    sampling: SamplingConfig | Sequence[SamplingConfig] = SamplingConfig(),
+                    eos_ids=(), seed: int = 0,
                     max_new_B=None, capacity: int | None = None,
                     stream: TokenStream | None = None,
                     stop: StopArg = None, logprobs: bool = False,
@@ -198,7 +200,7 @@ def asd_tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafte
   if not isinstance(drafter, TreeDrafter):
     raise TypeError(f"drafter must be a TreeDrafter, got {type(drafter).__name__}")
   check_type("target", target, LanguageModelFns)
-  check_type("sampling", sampling, SamplingConfig)  # read below, before prepare_request
+  sampling = sampling_for_rows(sampling)  # read below, before prepare_request
   if target.tree_forward is None or target.move_slots is None:
     raise ValueError(f"target {target.name!r} has no tree_forward/move_slots; it cannot verify "
                      "trees")

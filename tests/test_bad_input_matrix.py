@@ -327,9 +327,9 @@ API = [
     ("TokenStream: not callable", lambda: TokenStream(5), TypeError, "on_tokens must be callable"),
     ("decode: not a target", decode(target=object()), TypeError, "target must be LanguageModelFns"),
     ("decode: sampling a dict", decode(sampling={"temperature": 0}), TypeError,
-     "sampling must be SamplingConfig"),
+     "sampling must be a SamplingConfig or a list with one SamplingConfig per prompt row"),
     ("plain: sampling None", lambda: plain_decode(T, None, P, N, max_new_tokens=2, sampling=None),
-     TypeError, "sampling must be SamplingConfig"),
+     TypeError, "sampling must be a SamplingConfig or a list"),
     ("plain: not a model", lambda: plain_decode(None, None, P, N, max_new_tokens=2), TypeError,
      "fns must be LanguageModelFns"),
     # --- config.json values: each refused by field and value, none replaced or truncated ---------
