@@ -228,10 +228,9 @@ def line_samplings(base: SamplingConfig, lines, path: str) -> list[SamplingConfi
 
 
 def batches_by_settings(settings: list, batch_size: int) -> list[list[int]]:
-  """The rows of each decode call: a call decodes under one SamplingConfig and one set of EOS
-  ids, so rows are grouped by theirs (`settings`, one hashable per row; groups in order of first
-  appearance, rows in file order), batch_size at a time. A row's answer does not depend on its
-  batch, so this changes no answer."""
+  """The rows of each decode call: rows are grouped by `settings` (one hashable per row: what
+  one call must share; groups in order of first appearance, rows in file order), batch_size at
+  a time. A row's answer does not depend on its batch, so this changes no answer."""
   groups: dict[object, list[int]] = {}
   for i, setting in enumerate(settings):
     groups.setdefault(setting, []).append(i)
@@ -531,25 +530,27 @@ def main(argv=None):
 
   answers, results = [None] * len(rows), []
   t0 = time.perf_counter()
-  batches = batches_by_settings(list(zip(samplings, row_eos)), batch_size)
+  # A call ends its rows at one set of EOS ids; their sampling settings may differ (the engines
+  # take one SamplingConfig per row).
+  batches = batches_by_settings(row_eos, batch_size)
   for batch in batches:
     prompt, lengths = right_pad([rows[i] for i in batch])
     batch_stop = [row_stop[i] for i in batch]
     # Prompt i samples with its own seed whatever its batch: one seed for the whole batch would
     # give each row the stream of its place in the batch, so the answers would change with
     # --batch-size and prompts at the same place in different batches would draw alike.
-    own, eos = samplings[batch[0]], row_eos[batch[0]]
+    eos = row_eos[batch[0]]
     result = jax.block_until_ready(decode(prompt, lengths, batch_stop,
                                           np.array([seeds[i] for i in batch]),
-                                          np.array([max_new[i] for i in batch], np.int32), own,
-                                          eos))
+                                          np.array([max_new[i] for i in batch], np.int32),
+                                          [samplings[i] for i in batch], eos))
     results.append(result)
     for b, (i, stop) in enumerate(zip(batch, batch_stop)):
       n = int(result.num_generated_B[b])
       tokens = np.asarray(result.tokens_BxN[b, :n]).tolist()
       text = tokenizer.decode(tokens, skip_special_tokens=True)
       nonfinite = bool(result.nonfinite_B[b])
-      stop_after = 0 if stop is None else stop.min_tokens_chars(tokens, own.min_tokens)
+      stop_after = 0 if stop is None else stop.min_tokens_chars(tokens, samplings[i].min_tokens)
       answer = {"tokens": tokens,
                 "text": text if stop is None else stop.cut(text, stop_after, row_include_stop[i]),
                 "finish_reason": finish_reason(tokens, text, eos, stop, nonfinite, stop_after,

@@ -501,8 +501,8 @@ def test_a_line_can_set_its_own_max_new_tokens_and_seed(tiny_target, tmp_path,  
 
 def test_a_line_can_set_its_own_sampling(tiny_target, tmp_path, capsys):  # noqa: F811
   """A .jsonl line's sampling fields replace the flags' for that answer: each answer is the one
-  its prompt gets alone with those values as flags, at any batch size (a decode call runs one
-  SamplingConfig, so rows are grouped by theirs and put back in file order)."""
+  its prompt gets alone with those values as flags, at any batch size (rows of different
+  settings decode together, each with its own SamplingConfig, and come back in file order)."""
   import json
   lines = [{"prompt": "write a python function", "temperature": 1, "top_k": 20, "seed": 3},
            {"prompt": "the list of numbers", "repetition_penalty": 1.5},
@@ -532,7 +532,10 @@ def test_a_line_can_set_its_own_sampling(tiny_target, tmp_path, capsys):  # noqa
       out = run("--prompts-file", str(tmp_path / "q.jsonl"), "--batch-size", batch, *draft)
       assert [a["tokens"] for a in out["answers"]] == alone_tokens, (draft, batch)
       assert [a["prompt"] for a in out["answers"]] == [line["prompt"] for line in lines]
-      if draft:
+      if draft and batch == "1":
+        # (In larger batches the greedy rows decode together, as "strict": a row that drafted
+        # nothing may still accept tokens when another row widens the round, asd_jax/
+        # spec_decode.py, so their rounds may differ from alone; their tokens cannot.)
         assert [a["rounds"] for a in out["answers"]] == [a["stats"]["rounds"] for a in alone]
   assert len(alone_tokens[4]) >= 7
   assert set(alone_tokens[5]) <= {11, 12, 13, 40}
