@@ -2,8 +2,9 @@
 the target or decode anything: scripts/build_ngram_store.py, distill_standalone_drafter.py,
 drafter_tau.py, simulate_ngram_widths.py, strict_vs_plain_dtypes.py and penalty_tau.py (one
 line), and the argparse-style profile_round.py, time_decode_loop.py, bench_few_rows_matmul.py,
-ngram_store_scaling.py, vsd_report.py and prompt_logprobs_cost.py (usage, then the error).
-Their results come after minutes of decoding or training, so a typo must not cost them."""
+ngram_store_scaling.py, vsd_report.py, prompt_logprobs_cost.py and row_sampling_batch.py (usage,
+then the error). Their results come after minutes of decoding or training, so a typo must not
+cost them."""
 
 import json
 
@@ -11,8 +12,8 @@ import pytest
 
 from scripts import (bench_few_rows_matmul, build_ngram_store, distill_standalone_drafter,
                      drafter_tau, ngram_store_scaling, penalty_tau, profile_round,
-                     prompt_logprobs_cost, simulate_ngram_widths, strict_vs_plain_dtypes,
-                     time_decode_loop, vsd_report)
+                     prompt_logprobs_cost, row_sampling_batch, simulate_ngram_widths,
+                     strict_vs_plain_dtypes, time_decode_loop, vsd_report)
 
 COST = json.dumps({w: 1.0 + 0.1 * w for w in range(8)})
 
@@ -198,6 +199,7 @@ ARGPARSE_SCRIPTS = [
     (ngram_store_scaling, ["--answers", "{answers}", "--k", "0"], "--k must be positive, got 0"),
     (vsd_report, ["{a_folder}", "--json", "{a_file}/x.json"], "a_file is a file, not a folder"),
     (prompt_logprobs_cost, ["--passes", "0"], "--passes must be positive, got 0"),
+    (row_sampling_batch, ["--prompts", "0"], "--prompts must be positive, got 0"),
     (prompt_logprobs_cost, ["--chunks", "64,x"], "--chunks takes comma-separated integers"),
     (prompt_logprobs_cost, ["--chunks", "64,512"], "include the default 128"),
     (prompt_logprobs_cost, ["--chunks", "0,128"], "--chunks must be positive"),
