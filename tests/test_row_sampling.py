@@ -3,6 +3,8 @@ server's batch) decodes each row as that row decodes alone with its own settings
 plain decoding and under every speculative rule; the per-row filters and logit edits equal
 each row's own, exactly; bad lists are refused."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -148,3 +150,24 @@ def test_bad_lists_are_refused(engine, rule, sampling, error, message):
     _engine(engine, rule)(prompt_BxT=prompt, lengths_B=lengths, max_new_tokens=4,
                           sampling=sampling)
   assert message in str(e.value)
+
+
+def test_other_per_row_values_reuse_the_compiled_loop():
+  """Per-row values are traced like one request's: a batch at other temperatures, filters and
+  edits (the same ones on) runs the program already compiled."""
+  from asd_jax.plain_decode import _plain_decode as loop
+  prompt, lengths = _batch(SAMPLED_ROWS)
+  plain_decode(_FNS, _PARAMS, prompt, lengths, max_new_tokens=6, sampling=SAMPLED_ROWS)
+  before = loop._cache_size()
+  other = [SamplingConfig(repetition_penalty=1.1), SamplingConfig(temperature=0.3, top_k=9),
+           SamplingConfig(temperature=0.9, top_p=0.5, min_p=0.2, presence_penalty=-1.0),
+           SamplingConfig(temperature=2.0, logit_bias={7: -4.0}, min_tokens=2),
+           SamplingConfig(temperature=0.2, allowed_token_ids=[1, 2, 3]),
+           SamplingConfig(temperature=0.4)]
+  plain_decode(_FNS, _PARAMS, prompt, lengths, max_new_tokens=6, sampling=other)
+  assert loop._cache_size() == before
+  # The control: a batch with no greedy row is another program (which rows are greedy is
+  # static).
+  plain_decode(_FNS, _PARAMS, prompt, lengths, max_new_tokens=6,
+               sampling=[dataclasses.replace(s, temperature=0.5) for s in other])
+  assert loop._cache_size() > before
