@@ -269,7 +269,7 @@ class DraftLogitEdits:
   edits: LogitEdits
 
   def apply(self, logits_BxV):
-    """The penalized logits the next draft token is chosen from."""
+    """The edited logits the next draft token is chosen from."""
     return edit_logits(logits_BxV, self.counts, self.edits)
 
   def after(self, token_B) -> "DraftLogitEdits":

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from asd_jax.greedy_verify import first_argmax
 from asd_jax.logit_edits import (LogitEdits, check_allowed_token_ids, check_logit_bias,
-                               check_min_tokens, check_penalties)
+                                 check_min_tokens, check_penalties)
 from asd_jax.sampling_keys import categorical_rows
 from asd_jax.spec_sampling import Filters, filtered_probs, check_filters
 
@@ -86,9 +86,9 @@ class SamplingConfig:
     vocab_size tokens (the logit_bias ids are checked against it) whose answers end at eos_ids
     (min_tokens holds those back), in a request of max_new_tokens."""
     return LogitEdits.of(self.repetition_penalty, self.presence_penalty, self.frequency_penalty,
-                        min_tokens=self.min_tokens, eos_ids=eos_ids, logit_bias=self.logit_bias,
-                        allowed_token_ids=self.allowed_token_ids, vocab_size=vocab_size,
-                        max_new_tokens=max_new_tokens)
+                         min_tokens=self.min_tokens, eos_ids=eos_ids, logit_bias=self.logit_bias,
+                         allowed_token_ids=self.allowed_token_ids, vocab_size=vocab_size,
+                         max_new_tokens=max_new_tokens)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -106,7 +106,7 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
     check_logits(target, target_logits, (b, width + 1, target.vocab_size), "forward")
     # Row j judges draft j in the context it has once accepted: the output plus draft[:j].
     verify_logits = logit_edits.edit_logits(target_logits, s.token_counts, edits,
-                                           logit_edits.chain_context(draft_BxW))
+                                            logit_edits.chain_context(draft_BxW))
     verdict = _verify(rule, draft_BxW, None if draft_logits is None else draft_logits[:, :width],
                       verify_logits, s.stats.asd_spent_B, asd_scalars, k_verify, sampling,
                       normalize_q, draft_lengths_B=lengths_B, noise_slots=k)

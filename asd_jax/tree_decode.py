@@ -144,7 +144,7 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
     verify_logits = target_logits
     if edits.on:  # row n+1 judges node n's children in the context of node n's path
       verify_logits = logit_edits.edit_logits(target_logits, s.token_counts, edits,
-                                             logit_edits.tree_context(tokens_BxN, paths_BxNxD))
+                                              logit_edits.tree_context(tokens_BxN, paths_BxNxD))
     verdict = _verify_tree(rule, tokens_BxN, parents_BxN, draft_logits, verify_logits,
                            s.stats.asd_spent_B, asd_scalars, k_verify, sampling, normalize_q,
                            depth)
