@@ -171,3 +171,26 @@ def test_other_per_row_values_reuse_the_compiled_loop():
   plain_decode(_FNS, _PARAMS, prompt, lengths, max_new_tokens=6,
                sampling=[dataclasses.replace(s, temperature=0.5) for s in other])
   assert loop._cache_size() > before
+
+
+@pytest.mark.parametrize("engine,rule", [("plain", None), ("chain", "strict")])
+def test_each_row_waits_for_its_own_min_tokens_before_a_stop_string(engine, rule):
+  """Stop strings count from each row's own min_tokens on: one prompt three times, at
+  min_tokens 0, first + 1 and first + 2 (first: where a letter the greedy answer holds twice
+  first shows; each token shows as one letter), in one call."""
+  from asd_jax.stop_strings import StopStrings
+
+  def letters(ids):
+    return "".join(chr(ord("a") + i % 26) for i in ids)
+
+  prompt, lengths = _batch(GREEDY_ROWS[:1])
+  free = _answers(plain_decode(_FNS, _PARAMS, prompt, lengths, max_new_tokens=24))[0]
+  text = letters(free)
+  letter = next(c for c in text if text.count(c) >= 2)
+  first = text.index(letter)
+  second = text.index(letter, first + 1)
+  rows = [SamplingConfig(min_tokens=m) for m in (0, first + 1, first + 2)]
+  out = _engine(engine, rule)(prompt_BxT=np.repeat(prompt, 3, axis=0),
+                              lengths_B=np.repeat(lengths, 3), max_new_tokens=24,
+                              sampling=rows, stop=StopStrings((letter,), letters))
+  assert _answers(out) == [free[:first + 1], free[:first + 1], free[:second + 1]]
