@@ -4,6 +4,8 @@ Checks three promises of the serving path:
   1. no compilation after warm-up (one warm-up call per (rule, prompt-width) bucket),
   2. resident memory at the end within 10% of resident memory after warm-up,
   3. every output equal to the same request run alone (per-request seeds; rows are independent).
+Requests under the "sample" rule each bring their own temperature and top-p, as a server's do,
+and decode in one batch with one SamplingConfig per row.
 
     python scripts/load_test.py [--requests 512] [--batch 8] [--json out/load_test.json]
 
@@ -36,7 +38,7 @@ VOCAB, K, MAX_NEW, WIDTH_BUCKET, MAX_PROMPT = 97, 3, 16, 8, 24
 RULES = {
     "strict": dict(rule="strict"),
     "asd": dict(rule="asd", asd_config=ASDConfig(4.0, 0.5, 2)),
-    "sample": dict(rule="sample", sampling=SamplingConfig(temperature=1.0, top_p=0.95)),
+    "sample": dict(rule="sample"),  # each request's own SamplingConfig (make_requests)
 }
 CAPACITY = 64
 
@@ -60,12 +62,20 @@ class CompileCounter:
       self.count += 1
 
 
+def request_sampling(rng: np.random.RandomState) -> SamplingConfig:
+  """A sampled request's own settings: temperature in [0.6, 1.4], top-p in [0.8, 0.99]. Always
+  both on, so every batch of them runs one per-row program (which filters are on is static)."""
+  return SamplingConfig(temperature=round(rng.uniform(0.6, 1.4), 3),
+                        top_p=round(rng.uniform(0.8, 0.99), 3))
+
+
 def make_requests(n: int, seed: int = 0) -> list[dict]:
   rng = np.random.RandomState(seed)
   rules = list(RULES)
   return [dict(id=i, rule=rules[i % len(rules)],
                prompt=rng.randint(0, VOCAB, size=rng.randint(1, MAX_PROMPT + 1)).tolist(),
-               max_new=int(rng.randint(4, MAX_NEW + 1)), seed=int(rng.randint(0, 2 ** 31)))
+               max_new=int(rng.randint(4, MAX_NEW + 1)), seed=int(rng.randint(0, 2 ** 31)),
+               sampling=request_sampling(rng) if rules[i % len(rules)] == "sample" else None)
           for i in range(n)]
 
 
@@ -74,15 +84,19 @@ def width_of(n: int) -> int:
 
 
 def pack(reqs: list[dict], batch: int, width: int):
-  """Right-padded arrays for one batch; missing rows are dummies with max_new 0."""
+  """Right-padded arrays and each row's SamplingConfig for one batch; missing rows are dummies
+  with max_new 0 and settings of their own (all-equal settings would be one SamplingConfig,
+  another program than the per-row one the batches run)."""
   prompt = np.zeros((batch, width), np.int32)
   lengths = np.ones(batch, np.int32)
   max_new = np.zeros(batch, np.int32)
   seeds = np.zeros(batch, np.int64)
+  samplings = [SamplingConfig(temperature=1.0 + 0.01 * b, top_p=0.95) for b in range(batch)]
   for b, r in enumerate(reqs):
     prompt[b, :len(r["prompt"])] = r["prompt"]
     lengths[b], max_new[b], seeds[b] = len(r["prompt"]), r["max_new"], r["seed"]
-  return prompt, lengths, max_new, seeds
+    samplings[b] = r["sampling"] or samplings[b]
+  return prompt, lengths, max_new, seeds, samplings
 
 
 def main(argv=None) -> int:
@@ -103,10 +117,11 @@ def main(argv=None) -> int:
   dparams = decoder_fns(perturbed_copy(target, 0.3, seed=1))[1]
   drafter = lm_chain_drafter(tfns, K)
 
-  def run(prompt, lengths, max_new, seeds, rule):
+  def run(prompt, lengths, max_new, seeds, samplings, rule):
+    per_row = {"sampling": samplings} if rule == "sample" else {}
     out = spec_decode.asd_decode(tfns, tparams, drafter, dparams, prompt, lengths,
                                  max_new_tokens=MAX_NEW, max_new_B=max_new, seed=seeds,
-                                 capacity=CAPACITY, **RULES[rule])
+                                 capacity=CAPACITY, **RULES[rule], **per_row)
     return np.asarray(out.tokens_BxN), np.asarray(out.num_generated_B)
 
   reqs = make_requests(args.requests)
@@ -137,8 +152,8 @@ def main(argv=None) -> int:
   t0 = time.perf_counter()
   mismatched = []
   for r in reqs:  # each request alone (batch 1; compiles its own programs, after the check)
-    prompt, lengths, max_new, _ = pack([r], 1, width_of(len(r["prompt"])))
-    alone, _ = run(prompt, lengths, max_new, r["seed"], r["rule"])
+    prompt, lengths, max_new, _, samplings = pack([r], 1, width_of(len(r["prompt"])))
+    alone, _ = run(prompt, lengths, max_new, r["seed"], samplings, r["rule"])
     if not np.array_equal(alone[0], outputs[r["id"]]):
       mismatched.append(r["id"])
   alone_s = time.perf_counter() - t0

@@ -1,7 +1,8 @@
 """scripts/load_test.py, small: the README's serving promise (no compilation after warm-up,
 steady memory, every output equal to the request alone) is run by `make test` too, on 24
-requests over every (rule, prompt-width) bucket, in its own process so that other tests'
-programs and listeners do not enter its counts."""
+requests over every (rule, prompt-width) bucket, the sampled ones each with their own
+settings (one SamplingConfig per row), in its own process so that other tests' programs and
+listeners do not enter its counts."""
 
 import json
 import os
