@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from asd_jax import logit_edits
 from asd_jax.decode_stats import DecodeStats
+from asd_jax.eos import is_eos
 from asd_jax.sampling import select_token
 from asd_jax.sampling_keys import split_keys
 from asd_jax.host_calls import NO_HOST_CALL, HostCall
@@ -66,9 +67,11 @@ class RoundState:
 
 def commit_round(state: RoundState, draft_BxK, verdict, max_new_B, eos_ids,
                  host: HostCall = NO_HOST_CALL,
-                 logprobs_BxK1: token_logprobs.TokenLogprobs | None = None) -> RoundState:
+                 logprobs_BxK1: token_logprobs.TokenLogprobs | None = None,
+                 eos_rows_BxE=None) -> RoundState:
   """Appends x_{<a} + next_token to each active row; EOS, max_new_B and stop strings
-  truncate. logprobs_BxK1 (with logprobs=True): the block's token log-probabilities."""
+  truncate. logprobs_BxK1 (with logprobs=True): the block's token log-probabilities.
+  eos_rows_BxE: which of eos_ids ends each row (asd_jax/eos.py; None: all of them)."""
   b, k = draft_BxK.shape
   active_B = ~state.done_B & ~verdict.nonfinite
   a_B = verdict.num_accepted
@@ -79,7 +82,7 @@ def commit_round(state: RoundState, draft_BxK, verdict, max_new_B, eos_ids,
 
   count_B = a_B + 1
   if eos_ids:
-    is_eos_BxK1 = in_block_BxK1 & jnp.isin(block_BxK1, jnp.asarray(eos_ids, jnp.int32))
+    is_eos_BxK1 = in_block_BxK1 & is_eos(block_BxK1, eos_ids, eos_rows_BxE)
     hit_B = is_eos_BxK1.any(axis=1)
     count_B = jnp.where(hit_B, jnp.argmax(is_eos_BxK1, axis=1) + 1, count_B)
   else:
@@ -141,7 +144,7 @@ def initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampl
                   max_new_tokens, depth, target_cache, drafter_state, history_width,
                   host: HostCall = NO_HOST_CALL, logprobs: bool = False,
                   top_logprobs: int = 0,
-                  edits: logit_edits.LogitEdits = logit_edits.OFF):
+                  edits: logit_edits.LogitEdits = logit_edits.OFF, eos_rows_BxE=None):
   """Loop state after prefill: the first token (from the prefill logits) is committed."""
   b = prompt_BxT.shape[0]
   rng, sub = split_keys(rng, 2)
@@ -164,7 +167,7 @@ def initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampl
   _, stopped_B = keep_until_stop(host, tokens_BxW, jnp.zeros_like(num_generated_B),
                                  num_generated_B)
   emit(host, tokens_BxW, jnp.zeros_like(num_generated_B), num_generated_B)
-  first_eos_B = jnp.isin(first_B, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else False
+  first_eos_B = is_eos(first_B, eos_ids, eos_rows_BxE)
   history_BxS = jnp.zeros((b, history_width), jnp.int32)
   if history_width:
     t = prompt_BxT.shape[1]

@@ -137,6 +137,9 @@ class LogitEdits:
   counts_tokens: bool = flax.struct.field(pytree_node=False, default=False)
   # The ids min_tokens holds back; () when min_tokens is 0 or the request has no EOS ids.
   banned_until_min: tuple[int, ...] = flax.struct.field(pytree_node=False, default=())
+  # bool[B, E]: which of banned_until_min each row ends at, when rows end at different ids
+  # (for_eos_rows); None: every row at all of them.
+  banned_rows_BxE: Any = None
 
   @property
   def on(self) -> bool:
@@ -214,6 +217,16 @@ class LogitEdits:
 
 
 OFF = LogitEdits.of()
+
+
+def for_eos_rows(edits: LogitEdits, eos_rows_BxE) -> LogitEdits:
+  """`edits` for a decode call whose rows end at different ids (eos_rows_BxE[b, e]: row b ends
+  at the e-th of the ids the edits were built with; request_checks.check_row_eos_ids):
+  min_tokens then holds back each row's own ids only. Unchanged when eos_rows_BxE is None or
+  min_tokens holds nothing back."""
+  if eos_rows_BxE is None or not edits.banned_until_min:
+    return edits
+  return edits.replace(banned_rows_BxE=eos_rows_BxE)
 
 
 @flax.struct.dataclass
@@ -340,9 +353,13 @@ def edit_logits(logits, counts: TokenCounts | None, edits: LogitEdits, context_B
     min_tokens = jnp.asarray(edits.min_tokens)
     early_BxR = counts.output_length_B[:, None] + drafted_BxR < (
         min_tokens[:, None] if min_tokens.ndim else min_tokens)
-    banned_V = jnp.zeros((vocab,), bool).at[jnp.asarray(edits.banned_until_min)].set(
-        True, mode="drop")
-    out = jnp.where(early_BxR[:, :, None] & banned_V & finite, -jnp.inf, out)
+    ids_E = jnp.asarray(edits.banned_until_min)
+    if edits.banned_rows_BxE is None:
+      banned = jnp.zeros((vocab,), bool).at[ids_E].set(True, mode="drop")
+    else:  # each row's own ids, [B, 1, V]
+      banned = jnp.zeros((b, vocab), bool).at[jnp.arange(b)[:, None], ids_E[None]].set(
+          jnp.asarray(edits.banned_rows_BxE), mode="drop")[:, None]
+    out = jnp.where(early_BxR[:, :, None] & banned & finite, -jnp.inf, out)
   if edits.allowed_V is not None:
     out = jnp.where(~per_row(edits.allowed_V, bool, 1) & finite, -jnp.inf, out)
   return out if rows else out[:, 0]

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from asd_jax import logit_edits, output_buffer, request_checks
+from asd_jax.eos import is_eos
 from asd_jax.lm_api import LanguageModelFns, check_logits
 from asd_jax.logit_edits import LogitEdits, TokenCounts
 from asd_jax.sampling import SamplingConfig, sampling_for_rows, select_token
@@ -74,8 +75,8 @@ class _LoopState:
   token_counts: TokenCounts | None = None  # what the logit edits read, when one is on
 
 
-def _emit(state: _LoopState, logits_BxV, rng, max_new_B, eos_ids, sampling, edits,
-          host: HostCall, top_logprobs: int) -> _LoopState:
+def _emit(state: _LoopState, logits_BxV, rng, max_new_B, eos_ids, eos_rows_BxE, sampling,
+          edits, host: HostCall, top_logprobs: int) -> _LoopState:
   finite_B = jnp.isfinite(logits_BxV).all(axis=-1)
   token_B = select_token(logit_edits.edit_logits(logits_BxV, state.token_counts, edits), rng,
                          sampling)
@@ -89,7 +90,7 @@ def _emit(state: _LoopState, logits_BxV, rng, max_new_B, eos_ids, sampling, edit
     logprobs = token_logprobs.write(logprobs, rows[:, None], col_B[:, None], step)
   num_generated_B = state.num_generated_B + write_B.astype(jnp.int32)
   _, stopped_B = keep_until_stop(host, tokens_BxN, state.num_generated_B, num_generated_B)
-  is_eos_B = jnp.isin(token_B, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else False
+  is_eos_B = is_eos(token_B, eos_ids, eos_rows_BxE)
   nonfinite_B = state.nonfinite_B | (~state.done_B & ~finite_B)
   done_B = (state.done_B | nonfinite_B | (write_B & is_eos_B) | stopped_B
             | (num_generated_B >= max_new_B))
@@ -107,7 +108,7 @@ def _emit(state: _LoopState, logits_BxV, rng, max_new_B, eos_ids, sampling, edit
 def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_B, rng, *,
                   max_new_tokens: int, capacity: int, eos_ids: tuple[int, ...],
                   sampling: Filters, edits: LogitEdits, host: HostCall, logprobs: bool,
-                  top_logprobs: int) -> DecodeResult:
+                  top_logprobs: int, eos_rows_BxE=None) -> DecodeResult:
   b = prompt_BxT.shape[0]
   cache = fns.init_cache(b, capacity)
   logits_BxV, _, cache = fns.prefill(params, prompt_BxT, lengths_B, cache)
@@ -124,7 +125,7 @@ def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_
       logprobs=(token_logprobs.empty_buffer(b, max_new_tokens, top_logprobs) if logprobs
                 else None),
       token_counts=logit_edits.count_prompt(prompt_BxT, lengths_B, fns.vocab_size, edits))
-  state = _emit(state, logits_BxV, sub, max_new_B, eos_ids, sampling, edits, host,
+  state = _emit(state, logits_BxV, sub, max_new_B, eos_ids, eos_rows_BxE, sampling, edits, host,
                 top_logprobs)
 
   def cond(s: _LoopState):
@@ -140,8 +141,8 @@ def _plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, max_new_
     check_logits(fns, logits_Bx1xV, (b, 1, fns.vocab_size), "forward")
     rng, sub = split_keys(s.rng, 2)
     s = s.replace(step=s.step + 1, cache=cache, rng=rng)
-    return _emit(s, logits_Bx1xV[:, 0], sub, max_new_B, eos_ids, sampling, edits, host,
-                 top_logprobs)
+    return _emit(s, logits_Bx1xV[:, 0], sub, max_new_B, eos_ids, eos_rows_BxE, sampling, edits,
+                 host, top_logprobs)
 
   state = jax.lax.while_loop(cond, body, state)
   result = DecodeResult(tokens_BxN=state.tokens_BxN, num_generated_B=state.num_generated_B,
@@ -170,7 +171,8 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
     max_new_tokens: tokens to generate at most (the output width); max_new_B optionally lowers
       it per row. Requests whose max_new_tokens round up to the same multiple of 64 share one
       compiled program (asd_jax/output_buffer.py).
-    eos_ids: a row stops after emitting any of these (it is included in the output).
+    eos_ids: a row stops after emitting any of these (it is included in the output); or a
+      list with one set of ids per row (asd_jax/eos.py).
     sampling: greedy by default; its logit edits (asd_jax/logit_edits.py) apply too. One
       SamplingConfig for every row, or a list with one per row (a batch of requests that
       sample differently): each row decodes as it would alone with its own settings.
@@ -187,9 +189,10 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
       log-probabilities (DecodeResult.top_token_ids_BxNxL / top_logprobs_BxNxL).
   """
   request_checks.check_type("fns", fns, LanguageModelFns)
-  prompt, lengths, max_new_tokens, eos_ids, max_new_B = request_checks.check_request_tokens(
-      fns, prompt_BxT, lengths_B, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
-      max_new_B=max_new_B)
+  prompt, lengths, max_new_tokens, eos_ids, eos_rows, max_new_B = (
+      request_checks.check_request_tokens(fns, prompt_BxT, lengths_B,
+                                          max_new_tokens=max_new_tokens, eos_ids=eos_ids,
+                                          max_new_B=max_new_B))
   sampling = sampling_for_rows(sampling, prompt.shape[0])
   capacity = request_checks.resolve_capacity(
       capacity, prompt.shape[1] + max_new_tokens, "prompt + max_new_tokens",
@@ -197,7 +200,8 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
   request_checks.check_param_shapes("params", params, fns.param_shapes, fns.name)
   check_stream(stream)
   token_logprobs.check_logprobs_request(logprobs, top_logprobs, fns.vocab_size)
-  edits = sampling.logit_edits(fns.vocab_size, eos_ids, max_new_tokens)
+  edits = logit_edits.for_eos_rows(sampling.logit_edits(fns.vocab_size, eos_ids, max_new_tokens),
+                                   eos_rows)
   stops = row_stops(stop, prompt.shape[0], min_tokens=sampling.min_tokens)
   with host_calls(stream=stream, stop=stops) as host:
     result = _plain_decode(fns, params, jnp.asarray(prompt), jnp.asarray(lengths),
@@ -205,5 +209,6 @@ def plain_decode(fns: LanguageModelFns, params, prompt_BxT, lengths_B, *, max_ne
                            max_new_tokens=output_buffer.buffer_width(max_new_tokens),
                            capacity=capacity, eos_ids=eos_ids, sampling=sampling.filters(),
                            edits=edits,
-                           host=host, logprobs=logprobs, top_logprobs=top_logprobs)
+                           host=host, logprobs=logprobs, top_logprobs=top_logprobs,
+                           eos_rows_BxE=None if eos_rows is None else jnp.asarray(eos_rows))
     return output_buffer.trim(finish_host_calls(host, result), max_new_tokens)

@@ -179,18 +179,52 @@ def check_eos_ids(eos_ids, vocab_size: int) -> tuple[int, ...]:
   return ids
 
 
+def _is_row_sets(eos_ids) -> bool:
+  """A list whose entries are themselves sequences of ids (one per row), not ids."""
+  return (isinstance(eos_ids, (list, tuple)) and len(eos_ids) > 0
+          and all(isinstance(row, Iterable) and not isinstance(row, (str, bytes))
+                  for row in eos_ids))
+
+
+def check_row_eos_ids(eos_ids, vocab_size: int,
+                      batch: int) -> tuple[tuple[int, ...], np.ndarray | None]:
+  """(the union of the ids in order of first appearance, bool[B, E] mask or None).
+
+  eos_ids: a sequence of ids for every row, or a list with one sequence per row (each checked
+  as check_eos_ids checks one). Rows that all end at the same ids give (those ids, None): the
+  program one set runs."""
+  if not _is_row_sets(eos_ids):
+    return check_eos_ids(eos_ids, vocab_size), None
+  if len(eos_ids) != batch:
+    raise ValueError(f"eos_ids has {len(eos_ids)} sets of ids for {batch} prompt rows; give "
+                     "one per row, or one set for all")
+  rows = []
+  for b, row in enumerate(eos_ids):
+    try:
+      rows.append(check_eos_ids(row, vocab_size))
+    except (TypeError, ValueError) as e:
+      raise type(e)(f"eos_ids[{b}]: {e}") from None
+  union = tuple(dict.fromkeys(i for row in rows for i in row))
+  if all(set(row) == set(union) for row in rows):
+    return union, None
+  return union, np.array([[i in row for i in union] for row in rows], bool).reshape(
+      batch, len(union))
+
+
 def check_request_tokens(fns, prompt_BxT, lengths_B, *, max_new_tokens, eos_ids, max_new_B):
   """The checks every decode engine makes on a request's tokens and limits, against the
   target's functions `fns` (vocab_size, max_positions, name).
 
-  Returns (prompt int32[B, T], lengths int32[B], max_new_tokens, eos_ids, max_new_B int32[B]).
+  Returns (prompt int32[B, T], lengths int32[B], max_new_tokens, eos_ids, eos_rows_BxE,
+  max_new_B int32[B]): eos_ids the union of the rows' ids, eos_rows_BxE which of them ends each
+  row (None: every row ends at all of them; check_row_eos_ids).
   """
   prompt, lengths = check_prompts(prompt_BxT, lengths_B, fns.vocab_size)
   max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
   check_context(fns.max_positions, lengths, max_new_tokens, fns.name)
-  eos_ids = check_eos_ids(eos_ids, fns.vocab_size)
+  eos_ids, eos_rows_BxE = check_row_eos_ids(eos_ids, fns.vocab_size, prompt.shape[0])
   max_new_B = check_max_new_per_row(max_new_B, prompt.shape[0], max_new_tokens)
-  return prompt, lengths, max_new_tokens, eos_ids, max_new_B
+  return prompt, lengths, max_new_tokens, eos_ids, eos_rows_BxE, max_new_B
 
 
 def resolve_capacity(capacity, needed: int, what: str, *, window_needs: int | None,

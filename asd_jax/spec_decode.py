@@ -20,6 +20,7 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from asd_jax import logit_edits, output_buffer, request_checks
 from asd_jax import verify_checks as checks
@@ -78,7 +79,8 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
                 prompt_BxT, lengths_B, max_new_B, asd_scalars, rng, *, rule: str,
                 sampling: Filters, edits: LogitEdits, normalize_q: bool,
                 max_new_tokens: int, capacity: int, eos_ids: tuple[int, ...], host: HostCall,
-                logprobs: bool, top_logprobs: int) -> SpecDecodeResult:
+                logprobs: bool, top_logprobs: int,
+                eos_rows_BxE=None) -> SpecDecodeResult:
   b = prompt_BxT.shape[0]
   k = drafter.num_draft
   target_cache = target.init_cache(b, capacity)
@@ -90,7 +92,7 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
                         eos_ids, max_new_tokens=max_new_tokens, depth=k,
                         target_cache=target_cache, drafter_state=drafter_state,
                         history_width=0, host=host, logprobs=logprobs,
-                        top_logprobs=top_logprobs, edits=edits)
+                        top_logprobs=top_logprobs, edits=edits, eos_rows_BxE=eos_rows_BxE)
 
   def cond(s: RoundState):
     # Every active row commits >= 1 token per round, so max_new_tokens rounds always suffice.
@@ -174,7 +176,8 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
                                                       draft_logits, k_verify, own_B)
     s = s.replace(round=s.round + 1, target_cache=target_cache, drafter_state=drafter_state,
                   rng=rng)
-    return commit_round(s, draft_BxK, verdict, max_new_B, eos_ids, host, lp_BxK1)
+    return commit_round(s, draft_BxK, verdict, max_new_B, eos_ids, host, lp_BxK1,
+                        eos_rows_BxE=eos_rows_BxE)
 
   state = jax.lax.while_loop(cond, body, state)
   return finish(state, max_new_tokens)
@@ -214,7 +217,8 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
       logit edits (logit_bias, the penalties, min_tokens, allowed_token_ids:
       asd_jax/logit_edits.py) apply under every rule: strict still equals plain greedy decoding
       with the same settings.
-    eos_ids: a row stops after emitting any of these (kept in the output).
+    eos_ids: a row stops after emitting any of these (kept in the output); or a list with one
+      set of ids per row (asd_jax/eos.py).
     seed: an int, or int[B] one per request (asd_jax.sampling_keys.row_keys). Each row draws
       from its own key, so with per-request seeds a sampled row equals the same request run
       alone with its seed, whatever else is in the batch.
@@ -262,14 +266,16 @@ def run_loop(loop, target: LanguageModelFns, target_params, drafter, drafter_par
                                     drafter.name)
   check_stream(stream)
   token_logprobs.check_logprobs_request(logprobs, top_logprobs, target.vocab_size)
-  edits = sampling.logit_edits(target.vocab_size, req.eos_ids, req.max_new_tokens)
+  edits = logit_edits.for_eos_rows(
+      sampling.logit_edits(target.vocab_size, req.eos_ids, req.max_new_tokens), req.eos_rows)
   stops = row_stops(stop, req.arrays[0].shape[0], min_tokens=sampling.min_tokens)
   with host_calls(stream=stream, stop=stops) as host:
     result = loop(target, target_params, drafter, drafter_params, *req.arrays, rule=req.rule,
                   sampling=sampling.filters(), edits=edits, normalize_q=normalize_q,
                   max_new_tokens=output_buffer.buffer_width(req.max_new_tokens),
                   capacity=req.capacity, eos_ids=req.eos_ids, host=host, logprobs=logprobs,
-                  top_logprobs=top_logprobs)
+                  top_logprobs=top_logprobs,
+                  eos_rows_BxE=None if req.eos_rows is None else jnp.asarray(req.eos_rows))
     return output_buffer.trim(finish_host_calls(host, result), req.max_new_tokens)
 
 
@@ -278,12 +284,13 @@ class PreparedRequest:
   arrays: tuple  # prompt_BxT, lengths_B, max_new_B, asd_scalars, a PRNG key per row
   max_new_tokens: int
   capacity: int
-  eos_ids: tuple[int, ...]
+  eos_ids: tuple[int, ...]  # the union of the rows' ids
   # The rule the loop runs. "sample" at temperature 0 samples from point masses (the drafter's
   # and the target's argmax, as plain sampling at temperature 0 does), so it accepts exactly
   # what greedy verification accepts and runs as "strict"; greedy drafters give no draft
   # distribution for the sampling rule to read.
   rule: str
+  eos_rows: np.ndarray | None = None  # bool[B, E]: which of eos_ids ends each row (eos.py)
 
 
 def prepare_request(target: LanguageModelFns, drafter_vocab: int, prompt_BxT, lengths_B, *,
@@ -307,9 +314,10 @@ def prepare_request(target: LanguageModelFns, drafter_vocab: int, prompt_BxT, le
   if rule in ("strict", "asd") and not sampling.greedy:
     raise ValueError(f"rule {rule!r} is greedy (temperature 0); use rule='sample' for "
                      f"temperature {sampling.temperature}")
-  prompt, lengths, max_new_tokens, eos_ids, max_new_B = request_checks.check_request_tokens(
-      target, prompt_BxT, lengths_B, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
-      max_new_B=max_new_B)
+  prompt, lengths, max_new_tokens, eos_ids, eos_rows, max_new_B = (
+      request_checks.check_request_tokens(
+          target, prompt_BxT, lengths_B, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
+          max_new_B=max_new_B))
   sampling_for_rows(sampling, prompt.shape[0])  # a list of settings: one per row
   request_checks.warn_past_drafter_window(drafter_window[1], lengths, max_new_tokens,
                                           drafter_window[0])
@@ -329,4 +337,4 @@ def prepare_request(target: LanguageModelFns, drafter_vocab: int, prompt_BxT, le
             config_scalars(asd_config),
             row_keys(seed, prompt.shape[0]))
   loop_rule = "strict" if rule == "sample" and sampling.greedy else rule
-  return PreparedRequest(arrays, max_new_tokens, capacity, eos_ids, loop_rule)
+  return PreparedRequest(arrays, max_new_tokens, capacity, eos_ids, loop_rule, eos_rows)

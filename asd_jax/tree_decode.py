@@ -90,7 +90,8 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
                  prompt_BxT, lengths_B, max_new_B, asd_scalars, rng, *, rule: str,
                  sampling: Filters, edits: LogitEdits, normalize_q: bool,
                  max_new_tokens: int, capacity: int, eos_ids: tuple[int, ...], host: HostCall,
-                 logprobs: bool, top_logprobs: int) -> SpecDecodeResult:
+                 logprobs: bool, top_logprobs: int,
+                 eos_rows_BxE=None) -> SpecDecodeResult:
   b = prompt_BxT.shape[0]
   # A path of N nodes is at most N deep (the verifiers refuse a larger max_depth): a greedy tree
   # keeps num_nodes, which --tree 4,4,2 makes fewer than its depth; a sampled one keeps the
@@ -114,7 +115,7 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
                         eos_ids, max_new_tokens=max_new_tokens, depth=depth,
                         target_cache=target_cache, drafter_state=drafter_state,
                         history_width=capacity, host=host, logprobs=logprobs,
-                        top_logprobs=top_logprobs, edits=edits)
+                        top_logprobs=top_logprobs, edits=edits, eos_rows_BxE=eos_rows_BxE)
 
   def cond(s: RoundState):
     return ~jnp.all(s.done_B) & (s.round < max_new_tokens)
@@ -174,7 +175,8 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
           jnp.take_along_axis(new_BxTxF, rows_BxD1[:, :, None], axis=1), mode="drop")
     s = s.replace(round=s.round + 1, target_cache=target_cache,
                   drafter_state=(drafter_state, features_BxSxF), rng=rng)
-    return commit_round(s, path_tokens_BxD, verdict, max_new_B, eos_ids, host, lp_BxD1)
+    return commit_round(s, path_tokens_BxD, verdict, max_new_B, eos_ids, host, lp_BxD1,
+                        eos_rows_BxE=eos_rows_BxE)
 
   state = jax.lax.while_loop(cond, body, state)
   return finish(state, max_new_tokens)
