@@ -227,17 +227,6 @@ def line_samplings(base: SamplingConfig, lines, path: str) -> list[SamplingConfi
   return samplings
 
 
-def batches_by_settings(settings: list, batch_size: int) -> list[list[int]]:
-  """The rows of each decode call: rows are grouped by `settings` (one hashable per row: what
-  one call must share; groups in order of first appearance, rows in file order), batch_size at
-  a time. A row's answer does not depend on its batch, so this changes no answer."""
-  groups: dict[object, list[int]] = {}
-  for i, setting in enumerate(settings):
-    groups.setdefault(setting, []).append(i)
-  return [rows[start:start + batch_size] for rows in groups.values()
-          for start in range(0, len(rows), batch_size)]
-
-
 def line_values(lines, field: str, flag_value) -> list:
   """Each request's value of a setting a .jsonl line may give: its line's own `field` where
   set (not None), else the flag's (one request without a prompts file)."""
@@ -530,20 +519,21 @@ def main(argv=None):
 
   answers, results = [None] * len(rows), []
   t0 = time.perf_counter()
-  # A call ends its rows at one set of EOS ids; their sampling settings may differ (the engines
-  # take one SamplingConfig per row).
-  batches = batches_by_settings(row_eos, batch_size)
+  # Rows of any settings decode together, --batch-size at a time in file order: the engines
+  # take one SamplingConfig and one set of EOS ids per row.
+  batches = [list(range(start, min(start + batch_size, len(rows))))
+             for start in range(0, len(rows), batch_size)]
   for batch in batches:
     prompt, lengths = right_pad([rows[i] for i in batch])
     batch_stop = [row_stop[i] for i in batch]
     # Prompt i samples with its own seed whatever its batch: one seed for the whole batch would
     # give each row the stream of its place in the batch, so the answers would change with
     # --batch-size and prompts at the same place in different batches would draw alike.
-    eos = row_eos[batch[0]]
     result = jax.block_until_ready(decode(prompt, lengths, batch_stop,
                                           np.array([seeds[i] for i in batch]),
                                           np.array([max_new[i] for i in batch], np.int32),
-                                          [samplings[i] for i in batch], eos))
+                                          [samplings[i] for i in batch],
+                                          [row_eos[i] for i in batch]))
     results.append(result)
     for b, (i, stop) in enumerate(zip(batch, batch_stop)):
       n = int(result.num_generated_B[b])
@@ -553,7 +543,8 @@ def main(argv=None):
       stop_after = 0 if stop is None else stop.min_tokens_chars(tokens, samplings[i].min_tokens)
       answer = {"tokens": tokens,
                 "text": text if stop is None else stop.cut(text, stop_after, row_include_stop[i]),
-                "finish_reason": finish_reason(tokens, text, eos, stop, nonfinite, stop_after,
+                "finish_reason": finish_reason(tokens, text, row_eos[i], stop, nonfinite,
+                                               stop_after,
                                                row_stop_ids[i]),
                 "nonfinite_logits": nonfinite}
       if args.logprobs:
@@ -565,15 +556,13 @@ def main(argv=None):
         answer.update(scored_prompts[prompt_of[i]])
       answers[i] = answer
   wall_s = time.perf_counter() - t0  # includes compilation unless the persistent cache had it
-  # The results hold the rows in the batches' order; row i is at place[i] there.
-  place = np.argsort(np.concatenate(batches), kind="stable")
   if args.draft is None:
-    forwards = np.concatenate([np.asarray(r.target_forwards_B) for r in results])[place]
+    forwards = np.concatenate([np.asarray(r.target_forwards_B) for r in results])
     stats.update(target_forwards=int(forwards.sum()), tau=1.0)
     per_row = [{"target_forwards": int(f)} for f in forwards]
   else:
     # One DecodeStats over every row: its summary pools the rounds of all batches.
-    pooled = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs])[place],
+    pooled = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]),
                           *[r.stats for r in results])
     summary = pooled.summary()
     stats.update({key: summary[key] for key in ("rounds", "tau", "accepted_per_position")})

@@ -580,17 +580,6 @@ def test_n_samples_are_the_prompt_given_n_times(tiny_target, tmp_path, capsys): 
   assert f"### [2/2] {prompt} (sample 2/2)" in listing
 
 
-def test_rows_are_batched_by_their_sampling_settings():
-  from asd_jax.generate import batches_by_settings
-  from asd_jax.sampling import SamplingConfig
-  greedy, hot = SamplingConfig(), SamplingConfig(temperature=1.0)
-  samplings = [greedy, hot, greedy, SamplingConfig(), hot, greedy]  # equal configs group
-  assert batches_by_settings(samplings, 2) == [[0, 2], [3, 5], [1, 4]]
-  assert batches_by_settings(samplings, 8) == [[0, 2, 3, 5], [1, 4]]
-  eos = [(2,), (2,), (), (2,), (2,), (2,)]  # and so do the EOS ids
-  assert batches_by_settings(list(zip(samplings, eos)), 8) == [[0, 3, 5], [1, 4], [2]]
-
-
 def test_stop_token_ids_end_answers_like_eos(tiny_target, tmp_path, capsys):  # noqa: F811
   """--stop-token-ids ends an answer at the first of them (kept, finish_reason "stop"), even
   with --ignore-eos, and --min-tokens holds them back; a .jsonl line's own "stop_token_ids" and
