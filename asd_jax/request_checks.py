@@ -188,11 +188,12 @@ def _is_row_sets(eos_ids) -> bool:
 
 def check_row_eos_ids(eos_ids, vocab_size: int,
                       batch: int) -> tuple[tuple[int, ...], np.ndarray | None]:
-  """(the union of the ids in order of first appearance, bool[B, E] mask or None).
+  """(the ids, bool[B, E] mask or None).
 
   eos_ids: a sequence of ids for every row, or a list with one sequence per row (each checked
   as check_eos_ids checks one). Rows that all end at the same ids give (those ids, None): the
-  program one set runs."""
+  program one set runs. Otherwise the ids are the union, sorted, so batches whose rows name
+  the same ids in another order share one program (the union is a static shape)."""
   if not _is_row_sets(eos_ids):
     return check_eos_ids(eos_ids, vocab_size), None
   if len(eos_ids) != batch:
@@ -204,9 +205,9 @@ def check_row_eos_ids(eos_ids, vocab_size: int,
       rows.append(check_eos_ids(row, vocab_size))
     except (TypeError, ValueError) as e:
       raise type(e)(f"eos_ids[{b}]: {e}") from None
-  union = tuple(dict.fromkeys(i for row in rows for i in row))
+  union = tuple(sorted({i for row in rows for i in row}))
   if all(set(row) == set(union) for row in rows):
-    return union, None
+    return rows[0], None
   return union, np.array([[i in row for i in union] for row in rows], bool).reshape(
       batch, len(union))
 

@@ -68,10 +68,12 @@ def test_min_tokens_holds_back_each_rows_own_ids():
 def test_a_set_per_row_is_one_set_when_they_agree():
   assert check_row_eos_ids([(2, 3), (3, 2)], 10, 2) == ((2, 3), None)
   assert check_row_eos_ids((2, 3), 10, 2) == ((2, 3), None)
-  union, rows = check_row_eos_ids([(2,), (), [3, 2]], 10, 3)
-  assert union == (2, 3) and rows.tolist() == [[True, False], [False, False], [True, True]]
+  union, rows = check_row_eos_ids([(3,), (), [3, 2]], 10, 3)
+  assert union == (2, 3) and rows.tolist() == [[False, True], [False, False], [True, True]]
+  # The union is sorted: the same sets in another order give the same static ids.
+  assert check_row_eos_ids([(2,), (3,)], 10, 2)[0] == check_row_eos_ids([(3,), (2,)], 10, 2)[0]
   tokens = np.array([[2, 3], [2, 3], [3, 5]])
-  assert np.asarray(is_eos(tokens, union, rows)).tolist() == [[True, False], [False, False],
+  assert np.asarray(is_eos(tokens, union, rows)).tolist() == [[False, True], [False, False],
                                                               [True, False]]
   assert not np.asarray(is_eos(tokens, (), None)).any()
 
