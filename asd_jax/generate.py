@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import re
 import sys
 import time
@@ -251,8 +250,12 @@ def finish_reason(tokens: list[int], raw_text: str, eos, stop, nonfinite: bool,
 
 def json_logprobs(values) -> list:
   """Log-probabilities as the JSON shows them: 5 decimals, rounded as float64 (float32 values
-  would print as -0.019670000299811363)."""
-  return np.asarray(values, np.float64).round(5).tolist()
+  would print as -0.019670000299811363), and null where one is not finite (NaN logits; json
+  would write NaN, which is not JSON)."""
+  rounded = np.asarray(values, np.float64).round(5)
+  shown = rounded.astype(object)
+  shown[~np.isfinite(rounded)] = None
+  return shown.tolist()
 
 
 def top_candidates(tokenizer, ids_NxL, logprobs_NxL) -> list[list[dict]]:
@@ -261,8 +264,7 @@ def top_candidates(tokenizer, ids_NxL, logprobs_NxL) -> list[list[dict]]:
   log-probability, most likely first."""
   ids = np.asarray(ids_NxL).tolist()
   texts = {i: tokenizer.decode([i]) for i in {i for row in ids for i in row}}
-  return [[{"id": i, "token": texts[i], "logprob": lp if math.isfinite(lp) else None}
-           for i, lp in zip(row_ids, row_lps)]
+  return [[{"id": i, "token": texts[i], "logprob": lp} for i, lp in zip(row_ids, row_lps)]
           for row_ids, row_lps in zip(ids, json_logprobs(logprobs_NxL))]
 
 
@@ -284,9 +286,8 @@ def score_prompts(fns, params, tokenizer, rows: list[list[int]], top: int,
     result = jax.device_get(prompt_logprobs(fns, params, prompt, lengths, top_logprobs=top))
     for b, row in enumerate(batch):
       n = len(row)
-      values = [None] + [v if math.isfinite(v) else None
-                         for v in json_logprobs(result.logprobs_BxT[b, 1:n])]
-      entry = {"prompt_token_ids": list(row), "prompt_logprobs": values,
+      entry = {"prompt_token_ids": list(row),
+               "prompt_logprobs": [None] + json_logprobs(result.logprobs_BxT[b, 1:n]),
                "prompt_nonfinite_logits": bool(result.nonfinite_B[b])}
       if top:
         entry["prompt_top_logprobs"] = [None] + top_candidates(
