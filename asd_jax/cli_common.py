@@ -183,22 +183,25 @@ class PromptLine:
   n: int | None = None  # a .jsonl line's own number of samples; None: --n
   # a .jsonl line's own "include_stop_str_in_output"; None: --include-stop-str
   include_stop: bool | None = None
+  bad_words: tuple[str, ...] = ()  # a .jsonl line's own "bad_words", added to --bad-words'
 
   def shown(self) -> str:
     """What a text listing shows for the request: the message, or a conversation's last one."""
     return self.message if isinstance(self.message, str) else self.message[-1]["content"]
 
 
-def _line_stop(record: dict, where: str) -> tuple[str, ...]:
-  """A .jsonl line's optional "stop": a string or a list of strings (vLLM's form), none empty."""
-  stop = record.get("stop", [])
-  stop = [stop] if isinstance(stop, str) else stop
-  if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-    raise ValueError(f'{where}: "stop" must be a string or a list of strings')
-  if "" in stop:
+def _line_texts(record: dict, key: str, where: str) -> tuple[str, ...]:
+  """A .jsonl line's optional "stop" or "bad_words": a string or a list of strings (vLLM's
+  form), none empty."""
+  texts = record.get(key, [])
+  texts = [texts] if isinstance(texts, str) else texts
+  if not isinstance(texts, list) or not all(isinstance(s, str) for s in texts):
+    raise ValueError(f'{where}: "{key}" must be a string or a list of strings')
+  if "" in texts:
     raise ValueError(f'{where}: an empty "stop" string would end the answer before its first '
-                     "token")
-  return tuple(stop)
+                     "token" if key == "stop" else
+                     f'{where}: an empty "{key}" string would ban nothing')
+  return tuple(texts)
 
 
 # A .jsonl line's own sampling settings: asd_jax.sampling.SamplingConfig's fields, which are
@@ -209,6 +212,7 @@ SAMPLING_RECORD_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_pe
 # A .jsonl line's keys (vLLM's and OpenAI's request fields where they have one).
 PROMPT_RECORD_KEYS = frozenset({"prompt", "messages", "stop", "max_new_tokens", "seed",
                                 "stop_token_ids", "ignore_eos", "n", "include_stop_str_in_output",
+                                "bad_words",
                                 *SAMPLING_RECORD_KEYS})
 MAX_SAMPLES = 4096  # a .jsonl line's or --n's samples of one prompt, at most
 
@@ -259,12 +263,12 @@ def read_prompts_file(path: str) -> list[PromptLine]:
   """The requests of a prompts file, in order: one user message per line, or, for a `.jsonl`
   file, one JSON object per line with a string "prompt" (a message with newlines in it) or
   "messages" (a conversation, checked by models.tokenizer.chat_messages) and optionally "stop"
-  (a string or a list: that answer's own stop strings), "stop_token_ids" (its own, added to
-  the flag's), "max_new_tokens", "seed", "ignore_eos", "n", "include_stop_str_in_output" and
-  the sampling settings of SAMPLING_RECORD_KEYS (that answer's own); any other key is refused (a
-  misspelt "stops" would otherwise be dropped without a word). Trailing blank lines
-  are dropped; a blank line or message between prompts is refused, as a hole in the file is
-  likelier a mistake than a prompt."""
+  (a string or a list: that answer's own stop strings), "stop_token_ids" and "bad_words" (its
+  own, added to the flags'), "max_new_tokens", "seed", "ignore_eos", "n",
+  "include_stop_str_in_output" and the sampling settings of SAMPLING_RECORD_KEYS (that answer's
+  own); any other key is refused (a misspelt "stops" would otherwise be dropped without a
+  word). Trailing blank lines are dropped; a blank line or message between prompts is refused,
+  as a hole in the file is likelier a mistake than a prompt."""
   import json
   flag = f"--prompts-file {path}"
   if Path(path).is_dir():
@@ -300,14 +304,15 @@ def read_prompts_file(path: str) -> list[PromptLine]:
         raise ValueError(f"{where} has key(s) {', '.join(map(repr, unknown))}, which a request "
                          f"does not take{f' (did you mean {near[0]!r}?)' if near else ''}; "
                          f"the keys are {', '.join(map(repr, sorted(PROMPT_RECORD_KEYS)))}")
-      stop = _line_stop(record, where)
+      stop = _line_texts(record, "stop", where)
       own = dict(max_new_tokens=_line_int(record, "max_new_tokens", 1, 2**31 - 1, where),
                  seed=_line_int(record, "seed", 0, 2**32 - 1, where),
                  sampling=_line_sampling(record, where),
                  stop_token_ids=_line_stop_token_ids(record, where),
                  ignore_eos=_line_bool(record, "ignore_eos", where),
                  n=_line_int(record, "n", 1, MAX_SAMPLES, where),
-                 include_stop=_line_bool(record, "include_stop_str_in_output", where))
+                 include_stop=_line_bool(record, "include_stop_str_in_output", where),
+                 bad_words=_line_texts(record, "bad_words", where))
       if "messages" in record:
         if not isinstance(record["messages"], list) or not record["messages"]:
           raise ValueError(f'{where}: "messages" must be a non-empty list of {{"role", '

@@ -60,9 +60,9 @@ class ChainDrafter:
       position encoding). A request reaching past them is decoded, with a warning: the drafts
       there degrade, which costs speed, never a wrong token.
   takes_logit_edits: propose also takes `edits=` (a logit_edits.DraftLogitEdits, when the
-      request edits the logits: a penalty, a logit_bias, min_tokens or allowed_token_ids) and
-      drafts under them: what the edited target picks. Its draft_logits are then the edited
-      ones it sampled from. Drafters without it draft as usual (verification applies the
+      request edits the logits: a penalty, a logit_bias, min_tokens, allowed_token_ids or bad
+      words) and drafts under them: what the edited target picks. Its draft_logits are then the
+      edited ones it sampled from. Drafters without it draft as usual (verification applies the
       edits either way).
   """
 

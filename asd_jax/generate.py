@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
   src.add_argument("--prompts-file", help="user messages, one per line (or a .jsonl file of "
                    '{"prompt": ..., "stop": [...]} objects, or {"messages": [{"role": ..., '
                    '"content": ...}, ...]} for a conversation; optional: "stop", that answer\'s '
-                   'stop strings, added to --stop\'s, "stop_token_ids", added to the flag\'s, '
+                   'stop strings, added to --stop\'s, "stop_token_ids" and "bad_words", added '
+                   'to the flags\', '
                    'and its own "max_new_tokens", "seed", "ignore_eos", "n", '
                    '"include_stop_str_in_output" and sampling settings, e.g. "temperature", '
                    '"min_tokens", "logit_bias"); the chat template is applied to each')
@@ -120,6 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
                  help="end an answer once its text contains TEXT (repeatable); the answer is "
                  "shown up to it (the tokens through the one that completes it). \\n, \\t "
                  "and \\\\ read as newline, tab and backslash")
+  p.add_argument("--bad-words", action="append", metavar="TEXT",
+                 help="text an answer may not hold (vLLM's bad_words; repeatable): the token "
+                 "that would complete it is never chosen, in greedy decoding too (the word as "
+                 "the tokenizer writes it at the start of a text and after a space; only the "
+                 "answer's own tokens count). \\n, \\t and \\\\ read as with --stop")
   p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                  help="parameter/activation dtype (float32 on CPU, bfloat16 on TPU/GPU)")
   p.add_argument("--weight-blocks", action=argparse.BooleanOptionalAction, default=True,
@@ -185,15 +191,17 @@ def check_asd_flags_apply(args) -> None:
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
 
 
-def parse_stop(values: list[str] | None) -> tuple[str, ...]:
-  """--stop values with \\n, \\t and \\\\ read as escapes (a shell passes a typed \\n as two
-  characters, and a stop at a blank line is the common case); any other backslash stays."""
+def parse_stop(values: list[str] | None, flag: str = "--stop") -> tuple[str, ...]:
+  """--stop (or --bad-words) values with \\n, \\t and \\\\ read as escapes (a shell passes a
+  typed \\n as two characters, and a stop at a blank line is the common case); any other
+  backslash stays."""
   if not values:
     return ()
   strings = tuple(re.sub(r"\\([nt\\])", lambda m: _ESCAPES[m.group(1)], v) for v in values)
   if "" in strings:
-    raise ValueError("--stop '' would end every answer before its first token; give the text "
-                     "to stop at")
+    raise ValueError(f"{flag} '' would end every answer before its first token; give the text "
+                     "to stop at" if flag == "--stop" else
+                     f"{flag} '' would ban nothing; give the text an answer may not hold")
   return strings
 
 
@@ -224,6 +232,24 @@ def line_samplings(base: SamplingConfig, lines, path: str) -> list[SamplingConfi
     except ValueError as e:
       raise ValueError(f"--prompts-file {path}: line {number}: {e}") from None
   return samplings
+
+
+def with_bad_words(samplings, tokenizer, words, vocab_size: int,
+                   path: str | None) -> list[SamplingConfig]:
+  """Each request's SamplingConfig with its bad words (text) as token sequences
+  (models.tokenizer.bad_words_ids), checked before any row decodes (too many words, or words
+  that ban every allowed id); a refusal names its line."""
+  from models.tokenizer import bad_words_ids
+  out = []
+  for number, (own, texts) in enumerate(zip(samplings, words), 1):
+    try:
+      if texts:
+        own = dataclasses.replace(own, bad_words_ids=bad_words_ids(tokenizer, texts))
+        own.logit_edits(vocab_size)
+      out.append(own)
+    except ValueError as e:
+      raise ValueError(f"--prompts-file {path}: line {number}: {e}" if path else str(e)) from None
+  return out
 
 
 def line_values(lines, field: str, flag_value) -> list:
@@ -336,6 +362,7 @@ def main(argv=None):
   stop_ids = (() if args.stop_token_ids is None
               else tuple(parse_prompt_ids(args.stop_token_ids, "--stop-token-ids")))
   stop_strings = parse_stop(args.stop)
+  bad_words = parse_stop(args.bad_words, "--bad-words")
   lines = read_prompts_file(args.prompts_file) if args.prompts_file else None
   messages = None if lines is None else [line.message for line in lines]
   if args.system is not None:
@@ -477,6 +504,10 @@ def main(argv=None):
       tuple(dict.fromkeys(stop_strings + line.stop)) for line in lines]
   stop_sets = {s: StopStrings.from_tokenizer(tokenizer, s) for s in set(wanted) if s}
   row_stop = [stop_sets.get(s) for s in wanted]
+  # Each answer's bad words: --bad-words', plus its .jsonl line's own, as token sequences.
+  samplings = with_bad_words(samplings, tokenizer, [bad_words] if lines is None else [
+      tuple(dict.fromkeys(bad_words + line.bad_words)) for line in lines], fns.vocab_size,
+      args.prompts_file)
   t0 = time.perf_counter()
   scored_prompts = (None if args.prompt_logprobs is None else
                     score_prompts(fns, params, tokenizer, rows, args.prompt_logprobs,

@@ -1,6 +1,6 @@
 """What a request does to the target's logits before it samples: vLLM's and OpenAI's
-`logit_bias`, `min_tokens`, `allowed_token_ids` and the repetition, presence and frequency
-penalties.
+`logit_bias`, `min_tokens`, `allowed_token_ids`, `bad_words` and the repetition, presence and
+frequency penalties.
 
 For each token, with count = how many times it is in the output so far, in this order:
   logit_bias b_t (OpenAI; vLLM): z += b_t for the tokens the request names;
@@ -11,7 +11,9 @@ For each token, with count = how many times it is in the output so far, in this 
   presence_penalty p: z -= p where count > 0;
   min_tokens m: while the output holds fewer than m tokens, the EOS ids get z = -inf (so no
     rule can choose, accept or sample one);
-  allowed_token_ids (vLLM): every other token gets z = -inf.
+  allowed_token_ids (vLLM): every other token gets z = -inf;
+  bad words (vLLM's bad_words, as token sequences): a token that would complete one gets
+    z = -inf (asd_jax/bad_words.py).
 On the target's raw logits, before temperature and the sampling filters. Unlike the filters
 they change what greedy decoding picks, so they apply at temperature 0 too.
 
@@ -38,6 +40,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from asd_jax import bad_words
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 PRESENCE_FREQUENCY_RANGE = 2.0  # vLLM and OpenAI accept [-2, 2]
@@ -133,6 +137,9 @@ class LogitEdits:
   min_tokens: Any  # int32 scalar
   bias_V: Any = None  # float32[V] added to the logits; None: no logit_bias
   allowed_V: Any = None  # bool[V], the tokens the request may generate; None: all
+  # int32[N, W] and [N]: the bad words' prefixes and last tokens (bad_words.pack); None: none
+  bad_prefix_NxW: Any = None
+  bad_last_N: Any = None
   # A repetition, presence or frequency penalty is on (the engines then count the tokens).
   counts_tokens: bool = flax.struct.field(pytree_node=False, default=False)
   # The ids min_tokens holds back; () when min_tokens is 0 or the request has no EOS ids.
@@ -144,16 +151,21 @@ class LogitEdits:
   @property
   def on(self) -> bool:
     return (self.counts_tokens or bool(self.banned_until_min) or self.bias_V is not None
-            or self.allowed_V is not None)
+            or self.allowed_V is not None or self.bad_last_N is not None)
+
+  @property
+  def tail_width(self) -> int:
+    """How many of the answer's last tokens the bad words' prefixes are matched against."""
+    return 0 if self.bad_prefix_NxW is None else np.shape(self.bad_prefix_NxW)[-1]
 
   @classmethod
   def of(cls, repetition=1.0, presence=0.0, frequency=0.0, *, min_tokens=0, eos_ids=(),
-         logit_bias=(), allowed_token_ids=None, vocab_size: int | None = None,
-         max_new_tokens: int | None = None) -> "LogitEdits":
+         logit_bias=(), allowed_token_ids=None, bad_words_ids=(),
+         vocab_size: int | None = None, max_new_tokens: int | None = None) -> "LogitEdits":
     """Checked settings. eos_ids: the ids that end an answer (min_tokens holds them back);
-    vocab_size: needed with a logit_bias or allowed_token_ids (their ids are checked against
-    it); max_new_tokens: the request's (a min_tokens above it is refused, as vLLM refuses one
-    above max_tokens)."""
+    vocab_size: needed with a logit_bias, allowed_token_ids or bad_words_ids (their ids are
+    checked against it); max_new_tokens: the request's (a min_tokens above it is refused, as
+    vLLM refuses one above max_tokens)."""
     repetition, presence, frequency = check_penalties(repetition, presence, frequency)
     min_tokens = check_min_tokens(min_tokens)
     if max_new_tokens is not None:
@@ -169,6 +181,12 @@ class LogitEdits:
                          f"[0, {vocab_size})")
       bias_V = np.zeros(vocab_size, np.float32)
       bias_V[[t for t, _ in pairs]] = [b for _, b in pairs]
+    bad_prefix_NxW = bad_last_N = None
+    words = bad_words.check_bad_words_ids(bad_words_ids)
+    if words:
+      if vocab_size is None:
+        raise ValueError("bad_words_ids needs the vocabulary size")
+      bad_prefix_NxW, bad_last_N = bad_words.pack(words, vocab_size)
     allowed_V = None
     allowed = check_allowed_token_ids(allowed_token_ids)
     if allowed is not None:
@@ -177,13 +195,17 @@ class LogitEdits:
       if allowed[-1] >= vocab_size:
         raise ValueError(f"allowed_token_ids names token id {allowed[-1]} outside the "
                          f"vocabulary [0, {vocab_size})")
-      if min_tokens and eos_ids and set(allowed) <= set(map(int, eos_ids)):
+      usable = set(allowed) - bad_words.single_token_words(words)
+      if not usable:
+        raise ValueError("bad_words_ids bans every one of allowed_token_ids: no token could "
+                         "be generated")
+      if min_tokens and eos_ids and usable <= set(map(int, eos_ids)):
         raise ValueError("allowed_token_ids holds only EOS ids, which min_tokens holds back: "
                          "no token could be generated before min_tokens")
       allowed_V = np.zeros(vocab_size, bool)
       allowed_V[list(allowed)] = True
     return cls(np.float32(repetition), np.float32(presence), np.float32(frequency),
-               np.int32(min_tokens), bias_V, allowed_V,
+               np.int32(min_tokens), bias_V, allowed_V, bad_prefix_NxW, bad_last_N,
                counts_tokens=(repetition, presence, frequency) != (1.0, 0.0, 0.0),
                banned_until_min=tuple(map(int, eos_ids)) if min_tokens else ())
 
@@ -191,9 +213,10 @@ class LogitEdits:
   def of_rows(cls, rows: list["LogitEdits"]) -> "LogitEdits":
     """One request's LogitEdits per row (each built with `of`, so checked; one decode call, so
     the same EOS ids) as one whose values are per row: repetition, presence, frequency and
-    min_tokens [B], bias_V and allowed_V [B, V]. An edit is on when any row's is; a row without
-    it gets the neutral value (penalty 1 / 0, bias 0, min_tokens 0, every id allowed), which
-    leaves its logits exactly as they are."""
+    min_tokens [B], bias_V and allowed_V [B, V], the bad words [B, N, W] and [B, N]. An edit is
+    on when any row's is; a row without it gets the neutral value (penalty 1 / 0, bias 0,
+    min_tokens 0, every id allowed, no bad words), which leaves its logits exactly as they
+    are."""
     if not rows:
       raise ValueError("per-row logit edits need at least one row")
     if not any(row.on for row in rows):
@@ -209,9 +232,15 @@ class LogitEdits:
       return np.stack([np.full(vocab, neutral) if getattr(row, name) is None
                        else np.asarray(getattr(row, name)) for row in rows])
 
+    bad_prefix = bad_last = None
+    if any(row.bad_last_N is not None for row in rows):
+      bad_prefix, bad_last = bad_words.pad_rows(
+          [None if row.bad_last_N is None else (row.bad_prefix_NxW, row.bad_last_N)
+           for row in rows])
     return cls(*(np.stack([np.asarray(getattr(row, name)) for row in rows])
                  for name in ("repetition", "presence", "frequency", "min_tokens")),
                bias_V=stack("bias_V", np.float32(0)), allowed_V=stack("allowed_V", True),
+               bad_prefix_NxW=bad_prefix, bad_last_N=bad_last,
                counts_tokens=any(row.counts_tokens for row in rows),
                banned_until_min=held_back.pop() if held_back else ())
 
@@ -231,13 +260,15 @@ def for_eos_rows(edits: LogitEdits, eos_rows_BxE) -> LogitEdits:
 
 @flax.struct.dataclass
 class TokenCounts:
-  """What the edits read, per row: output_length_B, the output's length (min_tokens); and when
+  """What the edits read, per row: output_length_B, the output's length (min_tokens); when
   a penalty counts tokens, output_BxV, how many times each token is in the output, and
-  in_prompt_BxV, whether it is in the prompt (else None)."""
+  in_prompt_BxV, whether it is in the prompt (else None); when a bad word is longer than one
+  token, tail_BxW, the output's last W tokens, -1 where it is shorter (else None)."""
 
   output_length_B: jax.Array
   output_BxV: jax.Array | None = None
   in_prompt_BxV: jax.Array | None = None
+  tail_BxW: jax.Array | None = None
 
 
 def count_prompt(prompt_BxT, lengths_B, vocab: int, edits: LogitEdits) -> TokenCounts | None:
@@ -247,6 +278,8 @@ def count_prompt(prompt_BxT, lengths_B, vocab: int, edits: LogitEdits) -> TokenC
     return None
   b, t = prompt_BxT.shape
   counts = TokenCounts(output_length_B=jnp.zeros((b,), jnp.int32))
+  if edits.tail_width:
+    counts = counts.replace(tail_BxW=jnp.full((b, edits.tail_width), -1, jnp.int32))
   if not edits.counts_tokens:
     return counts
   real_BxT = jnp.arange(t)[None] < lengths_B[:, None]
@@ -257,11 +290,15 @@ def count_prompt(prompt_BxT, lengths_B, vocab: int, edits: LogitEdits) -> TokenC
 
 
 def add_output(counts: TokenCounts | None, tokens_BxJ, keep_BxJ) -> TokenCounts | None:
-  """Counts after appending tokens_BxJ[keep_BxJ] to each row's output (None stays None)."""
+  """Counts after appending tokens_BxJ[keep_BxJ] to each row's output (None stays None);
+  keep_BxJ is a prefix of each row (the tokens a round commits)."""
   if counts is None:
     return None
   counts = counts.replace(output_length_B=counts.output_length_B
                           + keep_BxJ.sum(axis=1, dtype=jnp.int32))
+  if counts.tail_BxW is not None:
+    counts = counts.replace(tail_BxW=bad_words.append_tail(counts.tail_BxW, tokens_BxJ,
+                                                           keep_BxJ))
   if counts.output_BxV is None:
     return counts
   b, vocab = counts.output_BxV.shape
@@ -362,4 +399,8 @@ def edit_logits(logits, counts: TokenCounts | None, edits: LogitEdits, context_B
     out = jnp.where(early_BxR[:, :, None] & banned & finite, -jnp.inf, out)
   if edits.allowed_V is not None:
     out = jnp.where(~per_row(edits.allowed_V, bool, 1) & finite, -jnp.inf, out)
+  if edits.bad_last_N is not None:
+    ban_BxRxV = bad_words.banned(b, r, vocab, counts.tail_BxW, edits.bad_prefix_NxW,
+                                 edits.bad_last_N, context_BxRxJ)
+    out = jnp.where(ban_BxRxV & finite, -jnp.inf, out)
   return out if rows else out[:, 0]

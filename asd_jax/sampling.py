@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from asd_jax.greedy_verify import first_argmax
+from asd_jax.bad_words import check_bad_words_ids
 from asd_jax.logit_edits import (LogitEdits, check_allowed_token_ids, check_logit_bias,
                                  check_min_tokens, check_penalties)
 from asd_jax.sampling_keys import categorical_rows
@@ -28,9 +29,9 @@ class SamplingConfig:
   order (`apply_sampling_filters`). A filter with temperature 0 is refused: greedy decoding
   takes the argmax, so it would do nothing.
 
-  logit_bias, repetition_penalty, presence_penalty, frequency_penalty, min_tokens and
-  allowed_token_ids (asd_jax/logit_edits.py) apply before all of it, in greedy decoding too;
-  traced like the filters.
+  logit_bias, repetition_penalty, presence_penalty, frequency_penalty, min_tokens,
+  allowed_token_ids and bad_words_ids (asd_jax/logit_edits.py) apply before all of it, in
+  greedy decoding too; traced like the filters.
   """
 
   temperature: float = 0.0
@@ -46,8 +47,12 @@ class SamplingConfig:
   logit_bias: tuple = ()
   # None = every token; else only these ids may be generated (stored sorted, as a tuple)
   allowed_token_ids: tuple | None = None
+  # token sequences the answer may not hold (vLLM's bad_words as token ids; asd_jax/bad_words.py;
+  # models.tokenizer.bad_words_ids makes them from text); stored sorted, as tuples
+  bad_words_ids: tuple = ()
 
   def __post_init__(self):
+    object.__setattr__(self, "bad_words_ids", check_bad_words_ids(self.bad_words_ids))
     object.__setattr__(self, "min_tokens", check_min_tokens(self.min_tokens))
     object.__setattr__(self, "logit_bias", check_logit_bias(self.logit_bias))
     object.__setattr__(self, "allowed_token_ids",
@@ -87,7 +92,8 @@ class SamplingConfig:
     (min_tokens holds those back), in a request of max_new_tokens."""
     return LogitEdits.of(self.repetition_penalty, self.presence_penalty, self.frequency_penalty,
                          min_tokens=self.min_tokens, eos_ids=eos_ids, logit_bias=self.logit_bias,
-                         allowed_token_ids=self.allowed_token_ids, vocab_size=vocab_size,
+                         allowed_token_ids=self.allowed_token_ids,
+                         bad_words_ids=self.bad_words_ids, vocab_size=vocab_size,
                          max_new_tokens=max_new_tokens)
 
 

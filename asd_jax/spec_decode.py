@@ -214,7 +214,7 @@ def asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, d
       SamplingConfig for every row, or a list with one per row (a batch of requests that
       sample differently; each row decodes as it would alone; greedy rules need every row
       greedy, "sample" takes any mix, a temperature-0 row decoding greedily). `sampling`'s
-      logit edits (logit_bias, the penalties, min_tokens, allowed_token_ids:
+      logit edits (logit_bias, the penalties, min_tokens, allowed_token_ids, bad words:
       asd_jax/logit_edits.py) apply under every rule: strict still equals plain greedy decoding
       with the same settings.
     eos_ids: a row stops after emitting any of these (kept in the output); or a list with one

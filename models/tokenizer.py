@@ -142,6 +142,25 @@ def encode_chat(tokenizer, prompt: str | Sequence[Mapping[str, Any]],
   return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def bad_words_ids(tokenizer, words: Sequence[str]) -> tuple[tuple[int, ...], ...]:
+  """The token sequences that ban `words` (vLLM's bad_words): each word (leading spaces
+  stripped) as the tokenizer encodes it at the start of a text, and, where a space before it
+  gives another first token over as many tokens, that form too (the word in mid-sentence, as
+  BPE tokenizers like SmolLM2's write it); vLLM reads bad words the same way. A word of
+  whitespace only ("\n") is banned as written. Raises ValueError for an empty word."""
+  ids = []
+  for word in words:
+    if not isinstance(word, str) or not word:
+      raise ValueError(f"bad word {word!r} is empty: it would ban nothing (drop it)")
+    word = word.lstrip() or word
+    alone = list(tokenizer(word, add_special_tokens=False)["input_ids"])
+    spaced = list(tokenizer(" " + word, add_special_tokens=False)["input_ids"])
+    ids.append(tuple(alone))
+    if len(spaced) == len(alone) and spaced[0] != alone[0]:
+      ids.append(tuple(spaced))
+  return tuple(ids)
+
+
 def eos_token_ids(tokenizer, hf_config: Mapping[str, Any]) -> tuple[int, ...]:
   """Ids that end a generation: config eos_token_id (int or list) first, then the tokenizer's.
 

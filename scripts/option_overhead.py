@@ -1,5 +1,5 @@
-"""What an option costs the decode loop: stop strings, a token stream, logprobs, or the logit
-edits min_tokens, logit_bias and allowed_token_ids.
+"""What an option costs the decode loop: stop strings, a token stream, logprobs, the logit
+edits min_tokens, logit_bias and allowed_token_ids, or bad words.
 
   python scripts/option_overhead.py --option stop --json docs/bench/option_overhead_stop_cpu.json
   python scripts/option_overhead.py --option logprobs --json out/option_overhead_logprobs.json
@@ -17,6 +17,10 @@ is decoded with and without the option, EOS ignored, `--max-new-tokens` each:
   second-to-last id, which the answers never choose), a logit_bias of -100 on its last id and
   allowed_token_ids of every id but the last: the bias added and the two masks applied at every
   position, which change no choice here.
+- bad-words: 32 bad words (vLLM's limit is 128) of the vocabulary's last ids, which the
+  answers never choose: one of one token (banned at every position) and 31 of four, matched
+  against the answer's last three tokens (and each draft position's context) at every position:
+  the match and the ban mask, which change no choice here.
 The two runs of an engine alternate prompt by prompt (`--passes` times over the prompts), so
 both see the same background load; the table gives tokens per second, the ratio, and the added
 milliseconds per decode step (plain: per token; speculative: per verification round). The
@@ -47,7 +51,8 @@ from models.lm_fns import decoder_fns  # noqa: E402
 from models.load import load_decoder  # noqa: E402
 from models.tokenizer import check_tokenizer_fits, encode_chat, load_tokenizer  # noqa: E402
 
-OPTIONS = ("stop", "stop-ungated", "stream", "logprobs", "top-logprobs", "logit-edits")
+OPTIONS = ("stop", "stop-ungated", "stream", "logprobs", "top-logprobs", "logit-edits",
+           "bad-words")
 
 
 def engine_calls(args, loaded):
@@ -82,6 +87,10 @@ def option_kwargs(name: str, tokenizer, stop_text: str, vocab_size: int,
                                        logit_bias={vocab_size - 1: -100.0},
                                        allowed_token_ids=range(vocab_size - 1)),
             "eos_ids": (vocab_size - 2,)}
+  if name == "bad-words":
+    last = vocab_size - 1
+    return {"sampling": SamplingConfig(bad_words_ids=[(last,)] + [
+        (last - i, last - i - 1, last - i - 2, last - i - 3) for i in range(1, 32)])}
   if name == "stop":
     return {"stop": StopStrings.from_tokenizer(tokenizer, (stop_text,))}
   if name == "stop-ungated":

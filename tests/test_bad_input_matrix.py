@@ -247,6 +247,11 @@ API = [
     ("decode: allowed_token_ids past the vocabulary", decode(
         sampling=SamplingConfig(allowed_token_ids=[1, V])), ValueError,
      "allowed_token_ids names token id 32 outside the vocabulary"),
+    ("decode: a bad word past the vocabulary", decode(
+        sampling=SamplingConfig(bad_words_ids=[(1, V)])), ValueError,
+     "bad_words_ids names token id 32 outside the vocabulary"),
+    ("SamplingConfig: an empty bad word", lambda: SamplingConfig(bad_words_ids=[()]),
+     ValueError, "empty word"),
     ("SamplingConfig: allowed_token_ids empty", lambda: SamplingConfig(allowed_token_ids=()),
      ValueError, "allowed_token_ids is empty"),
     ("tree decode: min_tokens past max_new_tokens", tree_decode(

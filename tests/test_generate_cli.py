@@ -53,6 +53,7 @@ from tests.test_bench_cli import tiny_target  # noqa: F401  (module fixture)
     (["--prompt", "hi", "--draft", "ngram", "--rule", "asd", "--asd-preset", "fast"],
      "unknown ASD preset 'fast'; choose one of paper, exploratory, strict"),
     (["--prompt", "hi", "--stop", "x", "--stop", ""], "--stop '' would end every answer"),
+    (["--prompt", "hi", "--bad-words", ""], "--bad-words '' would ban nothing"),
     (["--prompt", "hi", "--logprobs"], "--logprobs adds each token's log-probability to the "
      "--json output; pass --json"),
     (["--prompt", "hi", "--json", "--top-logprobs", "3"], "--top-logprobs lists the likeliest "
@@ -234,9 +235,14 @@ def test_asd_settings_from_the_preset_and_k_from_the_drafter(tiny_target, capsys
     ("stop.jsonl", '{"prompt": "a"}\n{"prompt": "b", "stop": 3}\n',
      'line 2: "stop" must be a string or a list of strings'),
     ("stops.jsonl", '{"prompt": "a", "stop": ["x", ""]}\n', 'line 1: an empty "stop" string'),
+    ("bad_words.jsonl", '{"prompt": "a"}\n{"prompt": "b", "bad_words": 3}\n',
+     'line 2: "bad_words" must be a string or a list of strings'),
+    ("bad_word.jsonl", '{"prompt": "a", "bad_words": ["x", ""]}\n',
+     'line 1: an empty "bad_words" string would ban nothing'),
     ("typo.jsonl", '{"prompt": "a"}\n{"prompt": "b", "stops": ["x"]}\n',
      "line 2 has key(s) 'stops', which a request does not take (did you mean 'stop'?); the keys "
-     "are 'allowed_token_ids', 'frequency_penalty', 'ignore_eos', 'include_stop_str_in_output', "
+     "are 'allowed_token_ids', 'bad_words', 'frequency_penalty', 'ignore_eos', "
+     "'include_stop_str_in_output', "
      "'logit_bias', 'max_new_tokens', 'messages', 'min_p', 'min_tokens', 'n', "
      "'presence_penalty', 'prompt', 'repetition_penalty', 'seed', 'stop', 'stop_token_ids', "
      "'temperature', 'top_k', 'top_p'"),
@@ -607,6 +613,38 @@ def test_stop_token_ids_end_answers_like_eos(tiny_target, tmp_path, capsys):  # 
   answers = json.loads(capsys.readouterr().out)["answers"]
   assert [a["tokens"] for a in answers] == [out["tokens"], free, run("the list")["tokens"]]
   assert answers[0]["finish_reason"] == "stop"
+
+
+def test_bad_words_are_never_in_an_answer(tiny_target, tmp_path, capsys):  # noqa: F811
+  """--bad-words bans a word (one token here: the tokenizer is word-level) everywhere and a
+  pair of words where the first is the answer's last; strict speculative decoding gives the
+  same answer; a .jsonl line's own "bad_words" are added to the flag's, so the line's answer is
+  the one the flags give alone, and lines without their own keep the flag's."""
+  import json
+  from tests.test_bench_cli import WORDS
+  names = ["<unk>", "<|im_start|>", "<|im_end|>"] + WORDS
+
+  def word(token):
+    return names[token] if token < len(names) else f"w{token}"
+
+  common = ["--target", str(tiny_target), "--max-new-tokens", "16", "--json", "--ignore-eos"]
+
+  def run(*more):
+    main([*common, *more])
+    return json.loads(capsys.readouterr().out)
+
+  prompt = "write a python function"
+  free = run("--prompt", prompt)["tokens"]
+  single, pair = free[0], free[3:5]
+  flags = ["--bad-words", word(single), "--bad-words", " ".join(map(word, pair))]
+  out = run("--prompt", prompt, *flags)["tokens"]
+  assert out != free and single not in out
+  assert not any(out[i:i + 2] == pair for i in range(len(out) - 1))
+  assert run("--prompt", prompt, *flags, "--draft", "ngram", "--k", "3")["tokens"] == out
+  lines = [{"prompt": prompt, "bad_words": " ".join(map(word, pair))}, {"prompt": prompt}]
+  (tmp_path / "q.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+  answers = run("--prompts-file", str(tmp_path / "q.jsonl"), *flags[:2])["answers"]
+  assert [a["tokens"] for a in answers] == [out, run("--prompt", prompt, *flags[:2])["tokens"]]
 
 
 def test_a_prompt_too_long_in_a_file_is_named_before_any_batch(tiny_target, tmp_path,  # noqa: F811
