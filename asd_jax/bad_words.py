@@ -94,11 +94,6 @@ def pad_rows(rows):
   return prefix_BxNxW, last_BxN
 
 
-def single_token_words(words) -> set[int]:
-  """The ids banned everywhere (the words of one token)."""
-  return {word[0] for word in words if len(word) == 1}
-
-
 def append_tail(tail_BxW, tokens_BxJ, keep_BxJ):
   """The last W tokens after appending tokens_BxJ[keep_BxJ] (keep_BxJ a prefix of each row,
   as every engine's commit is)."""

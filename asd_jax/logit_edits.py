@@ -195,13 +195,16 @@ class LogitEdits:
       if allowed[-1] >= vocab_size:
         raise ValueError(f"allowed_token_ids names token id {allowed[-1]} outside the "
                          f"vocabulary [0, {vocab_size})")
-      usable = set(allowed) - bad_words.single_token_words(words)
-      if not usable:
-        raise ValueError("bad_words_ids bans every one of allowed_token_ids: no token could "
-                         "be generated")
-      if min_tokens and eos_ids and usable <= set(map(int, eos_ids)):
-        raise ValueError("allowed_token_ids holds only EOS ids, which min_tokens holds back: "
-                         "no token could be generated before min_tokens")
+      # The allowed ids no bad word ever bans: without one, an answer could reach a point
+      # where every allowed id completes a bad word, and no token could follow.
+      never_banned = set(allowed) - {word[-1] for word in words}
+      if not never_banned:
+        raise ValueError("every one of allowed_token_ids ends a bad word (bad_words_ids), so an "
+                         "answer could reach a point where no token may follow")
+      if min_tokens and eos_ids and never_banned <= set(map(int, eos_ids)):
+        raise ValueError("allowed_token_ids holds only EOS ids, which min_tokens holds back"
+                         + (", besides ids that end a bad word" if words else "")
+                         + ": no token could be generated before min_tokens")
       allowed_V = np.zeros(vocab_size, bool)
       allowed_V[list(allowed)] = True
     return cls(np.float32(repetition), np.float32(presence), np.float32(frequency),

@@ -258,14 +258,23 @@ def test_settings_the_model_cannot_honour_are_refused_before_decoding():
   with pytest.raises(ValueError, match=r"token id 97 outside the vocabulary \[0, 97\)"):
     plain_decode(_FNS, _PARAMS, _PROMPT, _LENGTHS, max_new_tokens=8,
                  sampling=SamplingConfig(bad_words_ids=[(3, 97)]))
-  with pytest.raises(ValueError, match="bans every one of allowed_token_ids"):
+  # Allowed ids that all end a bad word: after a 3, both 3 and 4 are banned (a dead end that
+  # would otherwise leave no token to choose), so the request is refused, not decoded.
+  with pytest.raises(ValueError, match="every one of allowed_token_ids ends a bad word"):
     asd_decode(_FNS, _PARAMS, ngram_drafter(4, VOCAB), None, _PROMPT, _LENGTHS, max_new_tokens=8,
-               sampling=SamplingConfig(bad_words_ids=[(3,), (4,), (5, 6)],
+               sampling=SamplingConfig(bad_words_ids=[(3, 3), (3, 4), (5, 6)],
                                        allowed_token_ids=[3, 4]))
-  with pytest.raises(ValueError, match="holds only EOS ids, which min_tokens holds back"):
+  with pytest.raises(ValueError, match="holds only EOS ids, which min_tokens holds back, "
+                     "besides ids that end a bad word"):
     plain_decode(_FNS, _PARAMS, _PROMPT, _LENGTHS, max_new_tokens=8, eos_ids=(4,),
-                 sampling=SamplingConfig(bad_words_ids=[(3,)], allowed_token_ids=[3, 4],
+                 sampling=SamplingConfig(bad_words_ids=[(2, 3)], allowed_token_ids=[3, 4],
                                          min_tokens=2))
+  # One allowed id no word ends is enough: every answer can always go on.
+  out = plain_decode(_FNS, _PARAMS, _PROMPT, _LENGTHS, max_new_tokens=8,
+                     sampling=SamplingConfig(bad_words_ids=[(3, 3), (3, 4)],
+                                             allowed_token_ids=[3, 4, 5]))
+  for row in np.asarray(out.tokens_BxN).tolist():
+    assert set(row) <= {3, 4, 5} and not holds(row, (3, 3)) and not holds(row, (3, 4))
   assert SamplingConfig(bad_words_ids=[[3, 4], (3, 4), (2,)]).bad_words_ids == ((2,), (3, 4))
 
 
