@@ -20,6 +20,7 @@ from asd_jax.spec_decode import asd_decode
 from asd_jax.spec_sampling import (apply_sampling_filters, speculative_sample,
                                    tree_speculative_sample)
 from asd_jax.stop_strings import StopStrings
+from asd_jax.token_guide import TokenGuide
 from asd_jax.token_stream import TokenStream
 from asd_jax.tree_decode import asd_tree_decode
 from asd_jax.tree_verify import tree_asd_verify, tree_greedy_verify
@@ -37,4 +38,5 @@ __all__ = [
     "plain_decode", "DecodeResult", "asd_decode", "asd_tree_decode", "SpecDecodeResult",
     "TreeShape", "TreeDrafter", "lm_tree_drafter",
     "DecodeStats", "TokenStream", "StopStrings", "prompt_logprobs", "PromptLogprobs",
+    "TokenGuide",
 ]

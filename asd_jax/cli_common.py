@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import os
 import statistics
 import sys
@@ -184,6 +185,9 @@ class PromptLine:
   # a .jsonl line's own "include_stop_str_in_output"; None: --include-stop-str
   include_stop: bool | None = None
   bad_words: tuple[str, ...] = ()  # a .jsonl line's own "bad_words", added to --bad-words'
+  # a .jsonl line's own structured output, ("json", schema), ("regex", text) or ("choice",
+  # texts), in place of the --guided-* flags'; None: the flags'
+  guide: tuple | None = None
 
   def shown(self) -> str:
     """What a text listing shows for the request: the message, or a conversation's last one."""
@@ -212,9 +216,36 @@ SAMPLING_RECORD_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_pe
 # A .jsonl line's keys (vLLM's and OpenAI's request fields where they have one).
 PROMPT_RECORD_KEYS = frozenset({"prompt", "messages", "stop", "max_new_tokens", "seed",
                                 "stop_token_ids", "ignore_eos", "n", "include_stop_str_in_output",
-                                "bad_words",
+                                "bad_words", "guided_json", "guided_regex", "guided_choice",
                                 *SAMPLING_RECORD_KEYS})
 MAX_SAMPLES = 4096  # a .jsonl line's or --n's samples of one prompt, at most
+GUIDE_KINDS = ("json", "regex", "choice")  # structured output: vLLM's guided_json, _regex, _choice
+
+
+def _line_guide(record: dict, where: str) -> tuple | None:
+  """A .jsonl line's optional structured output: one of "guided_json" (a JSON schema, as an
+  object or its text), "guided_regex" (a string) or "guided_choice" (a list of strings)."""
+  given = [kind for kind in GUIDE_KINDS if f"guided_{kind}" in record]
+  if not given:
+    return None
+  if len(given) > 1:
+    raise ValueError(f"{where}: give one of " + ", ".join(f'"guided_{k}"' for k in given))
+  kind = given[0]
+  value = record[f"guided_{kind}"]
+  if kind == "json":
+    if isinstance(value, str):
+      try:
+        value = json.loads(value)
+      except ValueError:
+        value = None
+    if not isinstance(value, dict):
+      raise ValueError(f'{where}: "guided_json" must be a JSON schema (an object or its text)')
+  elif kind == "regex" and (not isinstance(value, str) or not value):
+    raise ValueError(f'{where}: "guided_regex" must be a non-empty string')
+  elif kind == "choice" and (not isinstance(value, list) or not value or not all(
+      isinstance(c, str) and c for c in value)):
+    raise ValueError(f'{where}: "guided_choice" must be a non-empty list of non-empty strings')
+  return (kind, tuple(value) if kind == "choice" else value)
 
 
 def _line_stop_token_ids(record: dict, where: str) -> tuple[int, ...]:
@@ -312,7 +343,8 @@ def read_prompts_file(path: str) -> list[PromptLine]:
                  ignore_eos=_line_bool(record, "ignore_eos", where),
                  n=_line_int(record, "n", 1, MAX_SAMPLES, where),
                  include_stop=_line_bool(record, "include_stop_str_in_output", where),
-                 bad_words=_line_texts(record, "bad_words", where))
+                 bad_words=_line_texts(record, "bad_words", where),
+                 guide=_line_guide(record, where))
       if "messages" in record:
         if not isinstance(record["messages"], list) or not record["messages"]:
           raise ValueError(f'{where}: "messages" must be a non-empty list of {{"role", '

@@ -68,10 +68,12 @@ class RoundState:
 def commit_round(state: RoundState, draft_BxK, verdict, max_new_B, eos_ids,
                  host: HostCall = NO_HOST_CALL,
                  logprobs_BxK1: token_logprobs.TokenLogprobs | None = None,
-                 eos_rows_BxE=None) -> RoundState:
+                 eos_rows_BxE=None,
+                 edits: logit_edits.LogitEdits = logit_edits.OFF) -> RoundState:
   """Appends x_{<a} + next_token to each active row; EOS, max_new_B and stop strings
   truncate. logprobs_BxK1 (with logprobs=True): the block's token log-probabilities.
-  eos_rows_BxE: which of eos_ids ends each row (asd_jax/eos.py; None: all of them)."""
+  eos_rows_BxE: which of eos_ids ends each row (asd_jax/eos.py; None: all of them); edits:
+  the request's logit edits (a guide's state follows the committed tokens)."""
   b, k = draft_BxK.shape
   active_B = ~state.done_B & ~verdict.nonfinite
   a_B = verdict.num_accepted
@@ -103,7 +105,7 @@ def commit_round(state: RoundState, draft_BxK, verdict, max_new_B, eos_ids,
                                                state.num_generated_B + count_B)
   count_B = num_generated_B - state.num_generated_B
   token_counts = logit_edits.add_output(state.token_counts, block_BxK1,
-                                          j_K1[None] < count_B[:, None])
+                                          j_K1[None] < count_B[:, None], edits)
   history_pos_BxK1 = jnp.where(in_block_BxK1 & active_B[:, None],
                                state.committed_B[:, None] + j_K1[None],
                                state.history_BxS.shape[1])
@@ -187,7 +189,8 @@ def initial_state(prompt_BxT, lengths_B, max_new_B, first_logits_BxV, rng, sampl
                         asd_exceptions_B=zeros_B, asd_spent_B=jnp.zeros((b,), jnp.float32)),
       target_cache=target_cache, drafter_state=drafter_state, rng=rng,
       history_BxS=history_BxS, logprobs=logprobs_buffer,
-      token_counts=logit_edits.add_output(token_counts, first_B[:, None], emit_B[:, None]))
+      token_counts=logit_edits.add_output(token_counts, first_B[:, None], emit_B[:, None],
+                                          edits))
 
 
 def finish(state: RoundState, max_new_tokens: int) -> SpecDecodeResult:

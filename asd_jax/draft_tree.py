@@ -32,6 +32,7 @@ import jax.numpy as jnp
 
 from asd_jax.drafter_api import DRAFTERS_KEPT
 from asd_jax.lm_api import LanguageModelFns
+from asd_jax.logit_edits import DraftLogitEdits, edit_logits
 from asd_jax.request_checks import check_positive_int, check_type
 from asd_jax.sampling import probabilities
 from asd_jax.spec_sampling import Filters
@@ -94,6 +95,10 @@ class TreeDrafter:
   param_shapes: the arrays the params must have, as `LanguageModelFns.param_shapes` (None:
   not checked).
   max_positions: the positions the drafter was trained for, as ChainDrafter's.
+  takes_logit_edits: propose also takes `edits=` (a logit_edits.DraftLogitEdits, when the
+      request edits the logits) and grows the tree under them, as ChainDrafter's: each node's
+      children come from its edited logits, with its path as drafted context (under a
+      structured-output guide, only tokens the grammar allows there).
   """
 
   prefill: Callable[..., Any]
@@ -104,6 +109,7 @@ class TreeDrafter:
   feature_layers: tuple[int, ...] = ()
   param_shapes: tuple | None = None
   max_positions: int | None = None
+  takes_logit_edits: bool = False
 
   def __post_init__(self):
     if self.max_positions is not None:
@@ -130,7 +136,8 @@ def _children(logits_BxMxV, key, k, sampling: Filters):
 
 
 def grow_dynamic_tree(root_logits_BxV, expand, carry_root, shape: TreeShape, sampling,
-                      keys, committed_B, capacity: int, slot_offset: int = 0):
+                      keys, committed_B, capacity: int, slot_offset: int = 0,
+                      edits: DraftLogitEdits | None = None):
   """Grows an EAGLE-2 dynamic tree (module docstring) from any expansion function.
 
   Args:
@@ -143,11 +150,17 @@ def grow_dynamic_tree(root_logits_BxV, expand, carry_root, shape: TreeShape, sam
     slot_offset: the frontier of depth d >= 2 goes to scratch slots starting at
       n + slot_offset + (d-2) k, at position n - 1 + (d - 1) + slot_offset, and sees committed
       slots < n + slot_offset (0 for LMs; -1 for EAGLE, whose entry p pairs token p+1).
+    edits: the request's logit edits and the committed output's counts (None: none): the root's
+      logits are edited as the target's next-token logits are, each frontier node's with its
+      path as drafted context, before its children are chosen (and, sampling, as the draft
+      distribution they were drawn from).
 
   Returns (tokens_BxN, parents_BxN, depth_BxN, draft_logits_BxNxV | None).
   """
   b = root_logits_BxV.shape[0]
   d_max, k, pool = shape.depth, shape.top_k, shape.pool_size
+  if edits is not None:
+    root_logits_BxV = edits.apply(root_logits_BxV)
   tok_Bxk, lp_Bxk = (x[:, 0] for x in _children(root_logits_BxV[:, None], keys[0], k, sampling))
   vocab = root_logits_BxV.shape[-1]
   pool_tok = jnp.zeros((b, pool), jnp.int32).at[:, :k].set(tok_Bxk)
@@ -158,6 +171,8 @@ def grow_dynamic_tree(root_logits_BxV, expand, carry_root, shape: TreeShape, sam
   pool_logits = None if sampling.greedy else jnp.zeros((b, pool, vocab), jnp.float32)
   front_idx_Bxk = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b, k))
   front_anc_BxkxD = jnp.full((b, k, d_max), -1, jnp.int32)  # ancestors' scratch slots
+  # The frontier's paths from the root, node included (-1 after): their drafted context.
+  front_path_BxkxD = jnp.full((b, k, d_max), -1, jnp.int32).at[:, :, 0].set(tok_Bxk)
   carry = carry_root
   slot_iota_S = jnp.arange(capacity)
   base_B = committed_B + slot_offset
@@ -171,6 +186,8 @@ def grow_dynamic_tree(root_logits_BxV, expand, carry_root, shape: TreeShape, sam
         slot_iota_S[None, None, :, None] == anc_BxkxD[:, :, None, :]).any(-1)
     positions_Bxk = jnp.broadcast_to(base_B[:, None] - 1 + (d - 1), (b, k))
     logits_BxkxV, new_carry = expand(front_tok, carry, positions_Bxk, slots_Bxk, visible_BxkxS)
+    if edits is not None:
+      logits_BxkxV = edit_logits(logits_BxkxV, edits.counts, edits.edits, front_path_BxkxD)
     child_tok, child_lp = _children(logits_BxkxV, keys[d - 1], k, sampling)
     parent_lp = jnp.take_along_axis(pool_lp, front_idx_Bxk, axis=1)
     cand_lp_BxK2 = (parent_lp[:, :, None] + child_lp).reshape(b, k * k)
@@ -187,6 +204,9 @@ def grow_dynamic_tree(root_logits_BxV, expand, carry_root, shape: TreeShape, sam
     front_idx_Bxk = (start + best_Bxk).astype(jnp.int32)
     parent_of_best = best_Bxk // k
     front_anc_BxkxD = jnp.take_along_axis(anc_BxkxD, parent_of_best[:, :, None], axis=1)
+    front_path_BxkxD = jnp.take_along_axis(front_path_BxkxD, parent_of_best[:, :, None],
+                                           axis=1).at[:, :, d - 1].set(
+        jnp.take_along_axis(child_tok.reshape(b, k * k), best_Bxk, axis=1))
     if new_carry is not None:
       carry = jnp.take_along_axis(new_carry, parent_of_best.reshape(
           b, k, *([1] * (new_carry.ndim - 2))), axis=1)
@@ -233,7 +253,7 @@ def _lm_tree_drafter(fns: LanguageModelFns, shape: TreeShape) -> TreeDrafter:
     return fns.prefill(params, prompt_BxT, lengths_B, cache)[2]
 
   def propose(params, cache, window_BxW, window_pos_BxW, committed_B, rng, sampling, capacity,
-              features_BxWxF=None):
+              features_BxWxF=None, edits=None):
     keys = split_keys(rng, shape.depth)
     logits_BxWxV, _, cache = fns.forward(params, window_BxW, window_pos_BxW, cache)
 
@@ -243,9 +263,9 @@ def _lm_tree_drafter(fns: LanguageModelFns, shape: TreeShape) -> TreeDrafter:
       return logits, None
 
     tree = grow_dynamic_tree(logits_BxWxV[:, -1], expand, None, shape, sampling, keys,
-                             committed_B, capacity)
+                             committed_B, capacity, edits=edits)
     return (*tree, cache)
 
   return TreeDrafter(prefill=prefill, propose=propose, shape=shape, vocab_size=fns.vocab_size,
                      name=fns.name, param_shapes=fns.param_shapes,
-                     max_positions=fns.max_positions)
+                     max_positions=fns.max_positions, takes_logit_edits=True)

@@ -29,11 +29,12 @@ import json
 import re
 import sys
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
 
-from asd_jax.cli_common import (MAX_SAMPLES, attach_dash_values, check_positive_flags,
+from asd_jax.cli_common import (GUIDE_KINDS, MAX_SAMPLES, attach_dash_values, check_positive_flags,
                                 enable_compilation_cache, parse_prompt_ids, read_prompts_file,
                                 right_pad, run_cli, text_stream)
 from asd_jax.asd_config import PRESETS, preset_with
@@ -126,6 +127,17 @@ def build_parser() -> argparse.ArgumentParser:
                  "that would complete it is never chosen, in greedy decoding too (the word as "
                  "the tokenizer writes it at the start of a text and after a space; only the "
                  "answer's own tokens count). \\n, \\t and \\\\ read as with --stop")
+  guided = p.add_mutually_exclusive_group()
+  guided.add_argument("--guided-json", metavar="SCHEMA",
+                      help="structured output (vLLM's guided_json): every answer is a JSON "
+                      "document valid under this JSON schema (its text, or a .json file "
+                      "holding it), as outlines-core writes it as a regular expression")
+  guided.add_argument("--guided-regex", metavar="REGEX",
+                      help="structured output (vLLM's guided_regex): every answer is a whole "
+                      "match of REGEX (Rust regex syntax)")
+  guided.add_argument("--guided-choice", action="append", metavar="TEXT",
+                      help="structured output (vLLM's guided_choice): every answer is one of "
+                      "these texts (repeatable)")
   p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                  help="parameter/activation dtype (float32 on CPU, bfloat16 on TPU/GPU)")
   p.add_argument("--weight-blocks", action=argparse.BooleanOptionalAction, default=True,
@@ -252,6 +264,55 @@ def with_bad_words(samplings, tokenizer, words, vocab_size: int,
   return out
 
 
+def guide_request(args, lines, path: str | None) -> list:
+  """Each request's structured-output request as (kind, value) or None: a .jsonl line's own
+  "guided_json", "guided_regex" or "guided_choice" (one of them) in place of the flags'. The
+  schema is read and parsed here, before any model loads."""
+  flag = next(((kind, getattr(args, f"guided_{kind}")) for kind in GUIDE_KINDS
+               if getattr(args, f"guided_{kind}") is not None), None)
+  if flag is not None and flag[0] == "json":
+    flag = ("json", read_schema(flag[1], "--guided-json"))
+  if lines is None:
+    return [flag]
+  return [flag if line.guide is None else line.guide for line in lines]
+
+
+def read_schema(value: str, where: str):
+  """A JSON schema given as its text or as the path of a .json file holding it."""
+  text = value
+  if not value.lstrip().startswith("{") and Path(value).is_file():
+    text = Path(value).read_text(encoding="utf-8")
+  try:
+    schema = json.loads(text)
+  except ValueError as e:
+    raise ValueError(f"{where}: not a JSON schema (its JSON text or a .json file): {e}") from None
+  if not isinstance(schema, dict):
+    raise ValueError(f"{where}: a JSON schema is a JSON object, got {schema!r}")
+  return schema
+
+
+def with_guides(samplings, tokenizer, requests, vocab_size: int, eos_rows,
+                path: str | None) -> list[SamplingConfig]:
+  """Each request's SamplingConfig with its TokenGuide (one per distinct request), checked
+  against its EOS ids before any row decodes; a refusal names its line."""
+  from asd_jax.token_guide import TokenGuide
+  build = {"json": TokenGuide.from_json_schema, "regex": TokenGuide.from_regex,
+           "choice": TokenGuide.from_choice}
+  guides, out = {}, []
+  for number, (own, request, eos) in enumerate(zip(samplings, requests, eos_rows), 1):
+    try:
+      if request is not None:
+        key = json.dumps(request, sort_keys=True)
+        if key not in guides:
+          guides[key] = build[request[0]](request[1], tokenizer, vocab_size)
+        own = dataclasses.replace(own, guide=guides[key])
+        own.logit_edits(vocab_size, eos)
+      out.append(own)
+    except ValueError as e:
+      raise ValueError(f"--prompts-file {path}: line {number}: {e}" if path else str(e)) from None
+  return out
+
+
 def line_values(lines, field: str, flag_value) -> list:
   """Each request's value of a setting a .jsonl line may give: its line's own `field` where
   set (not None), else the flag's (one request without a prompts file)."""
@@ -363,6 +424,8 @@ def main(argv=None):
               else tuple(parse_prompt_ids(args.stop_token_ids, "--stop-token-ids")))
   stop_strings = parse_stop(args.stop)
   bad_words = parse_stop(args.bad_words, "--bad-words")
+  if args.guided_choice is not None and "" in args.guided_choice:
+    raise ValueError("--guided-choice '' is an empty answer; give the texts an answer may be")
   lines = read_prompts_file(args.prompts_file) if args.prompts_file else None
   messages = None if lines is None else [line.message for line in lines]
   if args.system is not None:
@@ -447,6 +510,8 @@ def main(argv=None):
   row_include_stop = line_values(lines, "include_stop", args.include_stop_str)
   # Each answer's sampling settings: the flags', or a .jsonl line's own in place of them.
   samplings = [sampling] if lines is None else line_samplings(sampling, lines, args.prompts_file)
+  # Each answer's structured output (a line's own, else the flags'), as (kind, value) or None.
+  guide_requests = guide_request(args, lines, args.prompts_file)
   for i, (own, n) in enumerate(zip(samplings, max_new)):
     where = "" if lines is None else f"--prompts-file {args.prompts_file}: line {i + 1}: "
     try:
@@ -508,6 +573,8 @@ def main(argv=None):
   samplings = with_bad_words(samplings, tokenizer, [bad_words] if lines is None else [
       tuple(dict.fromkeys(bad_words + line.bad_words)) for line in lines], fns.vocab_size,
       args.prompts_file)
+  samplings = with_guides(samplings, tokenizer, guide_requests, fns.vocab_size, row_eos,
+                          args.prompts_file)
   t0 = time.perf_counter()
   scored_prompts = (None if args.prompt_logprobs is None else
                     score_prompts(fns, params, tokenizer, rows, args.prompt_logprobs,

@@ -1,6 +1,6 @@
 """What a request does to the target's logits before it samples: vLLM's and OpenAI's
-`logit_bias`, `min_tokens`, `allowed_token_ids`, `bad_words` and the repetition, presence and
-frequency penalties.
+`logit_bias`, `min_tokens`, `allowed_token_ids`, `bad_words`, the repetition, presence and
+frequency penalties, and structured output (guided decoding).
 
 For each token, with count = how many times it is in the output so far, in this order:
   logit_bias b_t (OpenAI; vLLM): z += b_t for the tokens the request names;
@@ -13,7 +13,9 @@ For each token, with count = how many times it is in the output so far, in this 
     rule can choose, accept or sample one);
   allowed_token_ids (vLLM): every other token gets z = -inf;
   bad words (vLLM's bad_words, as token sequences): a token that would complete one gets
-    z = -inf (asd_jax/bad_words.py).
+    z = -inf (asd_jax/bad_words.py);
+  a guide (structured output: asd_jax/token_guide.py): a token the grammar does not allow next
+    gets z = -inf.
 On the target's raw logits, before temperature and the sampling filters. Unlike the filters
 they change what greedy decoding picks, so they apply at temperature 0 too.
 
@@ -22,8 +24,9 @@ with the output so far; a speculative round's row for draft position j with the 
 output plus the drafted tokens before j (a chain) or the node's ancestors (a tree) -- the
 context that position has if the draft is accepted (its tokens count, and its length is what
 min_tokens reads). So strict verification still gives plain greedy decoding's output under the
-same settings, and speculative sampling stays lossless. Language-model chain drafters draft
-under them too (`DraftLogitEdits`); the others propose as they would without them, which costs
+same settings, and speculative sampling stays lossless. Language-model chain and tree drafters
+and EAGLE-3 draft under them too (`DraftLogitEdits`; a tree node's children with its path as
+context); Medusa and the n-gram drafters propose as they would without them, which costs
 acceptance only, since every proposal is verified. Log-probabilities stay the model's raw ones,
 as vLLM reports by default.
 
@@ -41,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from asd_jax import bad_words
+from asd_jax import bad_words, token_guide
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 PRESENCE_FREQUENCY_RANGE = 2.0  # vLLM and OpenAI accept [-2, 2]
@@ -140,6 +143,10 @@ class LogitEdits:
   # int32[N, W] and [N]: the bad words' prefixes and last tokens (bad_words.pack); None: none
   bad_prefix_NxW: Any = None
   bad_last_N: Any = None
+  # int32[S, V] and a scalar (or [B]): a guide's table and start state (token_guide.device_table
+  # / stack_rows); None: no guide
+  guide_SxV: Any = None
+  guide_start: Any = None
   # A repetition, presence or frequency penalty is on (the engines then count the tokens).
   counts_tokens: bool = flax.struct.field(pytree_node=False, default=False)
   # The ids min_tokens holds back; () when min_tokens is 0 or the request has no EOS ids.
@@ -151,7 +158,8 @@ class LogitEdits:
   @property
   def on(self) -> bool:
     return (self.counts_tokens or bool(self.banned_until_min) or self.bias_V is not None
-            or self.allowed_V is not None or self.bad_last_N is not None)
+            or self.allowed_V is not None or self.bad_last_N is not None
+            or self.guide_SxV is not None)
 
   @property
   def tail_width(self) -> int:
@@ -160,12 +168,12 @@ class LogitEdits:
 
   @classmethod
   def of(cls, repetition=1.0, presence=0.0, frequency=0.0, *, min_tokens=0, eos_ids=(),
-         logit_bias=(), allowed_token_ids=None, bad_words_ids=(),
+         logit_bias=(), allowed_token_ids=None, bad_words_ids=(), guide=None,
          vocab_size: int | None = None, max_new_tokens: int | None = None) -> "LogitEdits":
     """Checked settings. eos_ids: the ids that end an answer (min_tokens holds them back);
-    vocab_size: needed with a logit_bias, allowed_token_ids or bad_words_ids (their ids are
-    checked against it); max_new_tokens: the request's (a min_tokens above it is refused, as
-    vLLM refuses one above max_tokens)."""
+    vocab_size: needed with a logit_bias, allowed_token_ids, bad_words_ids or a guide (their
+    ids are checked against it); guide: a token_guide.TokenGuide, or None; max_new_tokens:
+    the request's (a min_tokens above it is refused, as vLLM refuses one above max_tokens)."""
     repetition, presence, frequency = check_penalties(repetition, presence, frequency)
     min_tokens = check_min_tokens(min_tokens)
     if max_new_tokens is not None:
@@ -207,8 +215,13 @@ class LogitEdits:
                          + ": no token could be generated before min_tokens")
       allowed_V = np.zeros(vocab_size, bool)
       allowed_V[list(allowed)] = True
+    guide_SxV = guide_start = None
+    if guide is not None:
+      guide_SxV, guide_start = _guide_table(guide, eos_ids, vocab_size, min_tokens=min_tokens,
+                                            allowed=allowed, words=words)
     return cls(np.float32(repetition), np.float32(presence), np.float32(frequency),
                np.int32(min_tokens), bias_V, allowed_V, bad_prefix_NxW, bad_last_N,
+               guide_SxV, guide_start,
                counts_tokens=(repetition, presence, frequency) != (1.0, 0.0, 0.0),
                banned_until_min=tuple(map(int, eos_ids)) if min_tokens else ())
 
@@ -235,6 +248,10 @@ class LogitEdits:
       return np.stack([np.full(vocab, neutral) if getattr(row, name) is None
                        else np.asarray(getattr(row, name)) for row in rows])
 
+    guide_SxV = guide_start = None
+    if any(row.guide_SxV is not None for row in rows):
+      guide_SxV, guide_start = token_guide.stack_rows(
+          [None if row.guide_SxV is None else (row.guide_SxV, row.guide_start) for row in rows])
     bad_prefix = bad_last = None
     if any(row.bad_last_N is not None for row in rows):
       bad_prefix, bad_last = bad_words.pad_rows(
@@ -243,12 +260,36 @@ class LogitEdits:
     return cls(*(np.stack([np.asarray(getattr(row, name)) for row in rows])
                  for name in ("repetition", "presence", "frequency", "min_tokens")),
                bias_V=stack("bias_V", np.float32(0)), allowed_V=stack("allowed_V", True),
-               bad_prefix_NxW=bad_prefix, bad_last_N=bad_last,
+               bad_prefix_NxW=bad_prefix, bad_last_N=bad_last, guide_SxV=guide_SxV,
+               guide_start=guide_start,
                counts_tokens=any(row.counts_tokens for row in rows),
                banned_until_min=held_back.pop() if held_back else ())
 
 
 OFF = LogitEdits.of()
+
+
+def _guide_table(guide, eos_ids, vocab_size, *, min_tokens, allowed, words):
+  """A guide's checked device table (token_guide.device_table)."""
+  if not isinstance(guide, token_guide.TokenGuide):
+    raise TypeError(f"guide must be a TokenGuide (asd_jax.token_guide), got "
+                    f"{type(guide).__name__}")
+  if vocab_size is None:
+    raise ValueError("a guide needs the vocabulary size")
+  if guide.vocab_size != vocab_size:
+    raise ValueError(f"the guide was built for a vocabulary of {guide.vocab_size} tokens; this "
+                     f"model has {vocab_size}")
+  if not eos_ids:
+    raise ValueError("structured output ends an answer at an EOS id once it is a whole match, "
+                     "and this request has none (ignore_eos?): give it one")
+  # Each of these could leave a state with no token to choose (the grammar's only ways on
+  # banned): refused rather than decoded into a dead end.
+  for name, on in (("min_tokens", min_tokens), ("allowed_token_ids", allowed is not None),
+                   ("bad_words_ids", bool(words))):
+    if on:
+      raise ValueError(f"structured output (a guide) with {name} is not supported: together "
+                       "they could leave no token the answer may take")
+  return token_guide.device_table(guide, tuple(map(int, eos_ids)))
 
 
 def for_eos_rows(edits: LogitEdits, eos_rows_BxE) -> LogitEdits:
@@ -272,6 +313,7 @@ class TokenCounts:
   output_BxV: jax.Array | None = None
   in_prompt_BxV: jax.Array | None = None
   tail_BxW: jax.Array | None = None
+  guide_state_B: jax.Array | None = None  # with a guide: the state the output leaves it in
 
 
 def count_prompt(prompt_BxT, lengths_B, vocab: int, edits: LogitEdits) -> TokenCounts | None:
@@ -283,6 +325,9 @@ def count_prompt(prompt_BxT, lengths_B, vocab: int, edits: LogitEdits) -> TokenC
   counts = TokenCounts(output_length_B=jnp.zeros((b,), jnp.int32))
   if edits.tail_width:
     counts = counts.replace(tail_BxW=jnp.full((b, edits.tail_width), -1, jnp.int32))
+  if edits.guide_SxV is not None:
+    counts = counts.replace(guide_state_B=jnp.broadcast_to(
+        jnp.asarray(edits.guide_start, jnp.int32), (b,)))
   if not edits.counts_tokens:
     return counts
   real_BxT = jnp.arange(t)[None] < lengths_B[:, None]
@@ -292,11 +337,18 @@ def count_prompt(prompt_BxT, lengths_B, vocab: int, edits: LogitEdits) -> TokenC
   return counts.replace(output_BxV=jnp.zeros((b, vocab), jnp.int32), in_prompt_BxV=in_prompt_BxV)
 
 
-def add_output(counts: TokenCounts | None, tokens_BxJ, keep_BxJ) -> TokenCounts | None:
+def add_output(counts: TokenCounts | None, tokens_BxJ, keep_BxJ,
+               edits: LogitEdits | None = None) -> TokenCounts | None:
   """Counts after appending tokens_BxJ[keep_BxJ] to each row's output (None stays None);
-  keep_BxJ is a prefix of each row (the tokens a round commits)."""
+  keep_BxJ is a prefix of each row (the tokens a round commits). edits: the request's, needed
+  with a guide (its table moves the state)."""
   if counts is None:
     return None
+  if counts.guide_state_B is not None:
+    if edits is None or edits.guide_SxV is None:
+      raise ValueError("add_output: the counts follow a guide; pass the request's edits")
+    counts = counts.replace(guide_state_B=token_guide.walk(
+        jnp.asarray(edits.guide_SxV), counts.guide_state_B, tokens_BxJ, keep_BxJ))
   counts = counts.replace(output_length_B=counts.output_length_B
                           + keep_BxJ.sum(axis=1, dtype=jnp.int32))
   if counts.tail_BxW is not None:
@@ -313,10 +365,12 @@ def add_output(counts: TokenCounts | None, tokens_BxJ, keep_BxJ) -> TokenCounts 
 @flax.struct.dataclass
 class DraftLogitEdits:
   """What a drafter that drafts under the request's logit edits reads
-  (ChainDrafter.takes_logit_edits): the committed output's counts and the request's settings. A
-  drafter that picks what the target picks then still does under them (the target drafting for
-  itself accepts every draft, tests/test_penalties.py, test_logit_edits.py); a
-  distilled one gained little from drafting under a penalty (scripts/penalty_tau.py)."""
+  (ChainDrafter / TreeDrafter.takes_logit_edits): the committed output's counts and the
+  request's settings. A drafter that picks what the target picks then still does under them
+  (the target drafting for itself accepts every draft, tests/test_penalties.py,
+  test_logit_edits.py); a distilled one gained little from drafting under a penalty
+  (scripts/penalty_tau.py), an EAGLE-3 tree a lot under a structured-output guide
+  (scripts/guided_speed.py)."""
 
   counts: TokenCounts
   edits: LogitEdits
@@ -328,7 +382,7 @@ class DraftLogitEdits:
   def after(self, token_B) -> "DraftLogitEdits":
     """The same, with token_B drafted (counted as output for the draft tokens after it)."""
     return self.replace(counts=add_output(self.counts, token_B[:, None],
-                                          jnp.ones(token_B.shape + (1,), bool)))
+                                          jnp.ones(token_B.shape + (1,), bool), self.edits))
 
 
 def chain_context(draft_BxK):
@@ -406,4 +460,10 @@ def edit_logits(logits, counts: TokenCounts | None, edits: LogitEdits, context_B
     ban_BxRxV = bad_words.banned(b, r, vocab, counts.tail_BxW, edits.bad_prefix_NxW,
                                  edits.bad_last_N, context_BxRxJ)
     out = jnp.where(ban_BxRxV & finite, -jnp.inf, out)
+  if edits.guide_SxV is not None:
+    table_SxV = jnp.asarray(edits.guide_SxV)
+    state_BxR = jnp.broadcast_to(counts.guide_state_B[:, None], (b, r))
+    if context_BxRxJ is not None:
+      state_BxR = token_guide.walk(table_SxV, state_BxR, context_BxRxJ, context_BxRxJ >= 0)
+    out = jnp.where((jnp.take(table_SxV, state_BxR, axis=0) < 0) & finite, -jnp.inf, out)
   return out if rows else out[:, 0]

@@ -98,7 +98,8 @@ def _emit(state: _LoopState, logits_BxV, rng, max_new_B, eos_ids, eos_rows_BxE, 
   return state.replace(tokens_BxN=tokens_BxN, num_generated_B=num_generated_B, done_B=done_B,
                        nonfinite_B=nonfinite_B, logprobs=logprobs,
                        token_counts=logit_edits.add_output(state.token_counts,
-                                                           token_B[:, None], write_B[:, None]),
+                                                           token_B[:, None], write_B[:, None],
+                                                           edits),
                        forwards_B=state.forwards_B + (~state.done_B).astype(jnp.int32))
 
 

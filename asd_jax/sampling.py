@@ -16,6 +16,7 @@ from asd_jax.bad_words import check_bad_words_ids
 from asd_jax.logit_edits import (LogitEdits, check_allowed_token_ids, check_logit_bias,
                                  check_min_tokens, check_penalties)
 from asd_jax.sampling_keys import categorical_rows
+from asd_jax.token_guide import TokenGuide
 from asd_jax.spec_sampling import Filters, filtered_probs, check_filters
 
 
@@ -30,8 +31,8 @@ class SamplingConfig:
   takes the argmax, so it would do nothing.
 
   logit_bias, repetition_penalty, presence_penalty, frequency_penalty, min_tokens,
-  allowed_token_ids and bad_words_ids (asd_jax/logit_edits.py) apply before all of it, in
-  greedy decoding too; traced like the filters.
+  allowed_token_ids, bad_words_ids and a guide (structured output) (asd_jax/logit_edits.py)
+  apply before all of it, in greedy decoding too; traced like the filters.
   """
 
   temperature: float = 0.0
@@ -50,8 +51,14 @@ class SamplingConfig:
   # token sequences the answer may not hold (vLLM's bad_words as token ids; asd_jax/bad_words.py;
   # models.tokenizer.bad_words_ids makes them from text); stored sorted, as tuples
   bad_words_ids: tuple = ()
+  # structured output: every answer is a whole match of this grammar (asd_jax/token_guide.py;
+  # vLLM's guided_regex / guided_json / guided_choice); None = any text
+  guide: TokenGuide | None = None
 
   def __post_init__(self):
+    if self.guide is not None and not isinstance(self.guide, TokenGuide):
+      raise TypeError(f"guide must be a TokenGuide (asd_jax.token_guide), got "
+                      f"{type(self.guide).__name__}")
     object.__setattr__(self, "bad_words_ids", check_bad_words_ids(self.bad_words_ids))
     object.__setattr__(self, "min_tokens", check_min_tokens(self.min_tokens))
     object.__setattr__(self, "logit_bias", check_logit_bias(self.logit_bias))
@@ -93,7 +100,8 @@ class SamplingConfig:
     return LogitEdits.of(self.repetition_penalty, self.presence_penalty, self.frequency_penalty,
                          min_tokens=self.min_tokens, eos_ids=eos_ids, logit_bias=self.logit_bias,
                          allowed_token_ids=self.allowed_token_ids,
-                         bad_words_ids=self.bad_words_ids, vocab_size=vocab_size,
+                         bad_words_ids=self.bad_words_ids, guide=self.guide,
+                         vocab_size=vocab_size,
                          max_new_tokens=max_new_tokens)
 
 

@@ -177,7 +177,7 @@ def _asd_decode(target: LanguageModelFns, target_params, drafter: ChainDrafter, 
     s = s.replace(round=s.round + 1, target_cache=target_cache, drafter_state=drafter_state,
                   rng=rng)
     return commit_round(s, draft_BxK, verdict, max_new_B, eos_ids, host, lp_BxK1,
-                        eos_rows_BxE=eos_rows_BxE)
+                        eos_rows_BxE=eos_rows_BxE, edits=edits)
 
   state = jax.lax.while_loop(cond, body, state)
   return finish(state, max_new_tokens)

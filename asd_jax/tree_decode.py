@@ -130,9 +130,12 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
     window_features = None
     if features_BxSxF is not None:
       window_features = jnp.take_along_axis(features_BxSxF, window_pos_BxW[:, :, None], axis=1)
+    draft_edits = {}
+    if drafter.takes_logit_edits and edits.on:
+      draft_edits["edits"] = logit_edits.DraftLogitEdits(s.token_counts, edits)
     tokens_BxN, parents_BxN, node_depth_BxN, draft_logits, drafter_state = drafter.propose(
         drafter_params, drafter_state, window_BxW, window_pos_BxW, n_B, k_draft, sampling,
-        capacity, window_features)
+        capacity, window_features, **draft_edits)
 
     slots_BxT, depth_BxT, visible_BxTxS, paths_BxNxD = tree_attention(parents_BxN, n_B,
                                                                       capacity, depth)
@@ -176,7 +179,7 @@ def _tree_decode(target: LanguageModelFns, target_params, drafter: TreeDrafter, 
     s = s.replace(round=s.round + 1, target_cache=target_cache,
                   drafter_state=(drafter_state, features_BxSxF), rng=rng)
     return commit_round(s, path_tokens_BxD, verdict, max_new_B, eos_ids, host, lp_BxD1,
-                        eos_rows_BxE=eos_rows_BxE)
+                        eos_rows_BxE=eos_rows_BxE, edits=edits)
 
   state = jax.lax.while_loop(cond, body, state)
   return finish(state, max_new_tokens)

@@ -68,7 +68,7 @@ def eagle3_tree_drafter(fns: Eagle3Fns, shape: TreeShape) -> TreeDrafter:
     return pairs(params, prompt_BxT, positions, features_BxTxF, cache, capacity)[2]
 
   def propose(params, cache, window_BxW, window_pos_BxW, committed_B, rng, sampling, capacity,
-              features_BxWxF):
+              features_BxWxF, edits=None):
     keys = split_keys(rng, shape.depth)
     root_logits, root_hidden_BxD, cache = pairs(params, window_BxW, window_pos_BxW,
                                                 features_BxWxF, cache, capacity)
@@ -82,12 +82,13 @@ def eagle3_tree_drafter(fns: Eagle3Fns, shape: TreeShape) -> TreeDrafter:
       return to_target(params, logits), hidden
 
     tree = grow_dynamic_tree(to_target(params, root_logits), expand, carry_root, shape,
-                             sampling, keys, committed_B, capacity, slot_offset=-1)
+                             sampling, keys, committed_B, capacity, slot_offset=-1, edits=edits)
     return (*tree, cache)
 
   return TreeDrafter(prefill=prefill, propose=propose, shape=shape, vocab_size=vocab,
                      name="eagle3", feature_layers=tuple(cfg.fused_layers),
-                     param_shapes=fns.param_shapes, max_positions=cfg.max_position_embeddings)
+                     param_shapes=fns.param_shapes, max_positions=cfg.max_position_embeddings,
+                     takes_logit_edits=True)
 
 
 def medusa_choices(shape: TreeShape, num_heads: int) -> list[tuple[int, ...]]:

@@ -1,5 +1,5 @@
 """What an option costs the decode loop: stop strings, a token stream, logprobs, the logit
-edits min_tokens, logit_bias and allowed_token_ids, or bad words.
+edits min_tokens, logit_bias and allowed_token_ids, bad words, or a structured-output guide.
 
   python scripts/option_overhead.py --option stop --json docs/bench/option_overhead_stop_cpu.json
   python scripts/option_overhead.py --option logprobs --json out/option_overhead_logprobs.json
@@ -21,6 +21,9 @@ is decoded with and without the option, EOS ignored, `--max-new-tokens` each:
   answers never choose: one of one token (banned at every position) and 31 of four, matched
   against the answer's last three tokens (and each draft position's context) at every position:
   the match and the ban mask, which change no choice here.
+- guide: a structured-output guide (asd_jax/token_guide.py) for the regex [\s\S]* (any text),
+  with an "EOS" the answers never choose (as logit-edits): the state walk and the mask of
+  allowed tokens at every position, which change no choice here.
 The two runs of an engine alternate prompt by prompt (`--passes` times over the prompts), so
 both see the same background load; the table gives tokens per second, the ratio, and the added
 milliseconds per decode step (plain: per token; speculative: per verification round). The
@@ -52,7 +55,7 @@ from models.load import load_decoder  # noqa: E402
 from models.tokenizer import check_tokenizer_fits, encode_chat, load_tokenizer  # noqa: E402
 
 OPTIONS = ("stop", "stop-ungated", "stream", "logprobs", "top-logprobs", "logit-edits",
-           "bad-words")
+           "bad-words", "guide")
 
 
 def engine_calls(args, loaded):
@@ -91,6 +94,11 @@ def option_kwargs(name: str, tokenizer, stop_text: str, vocab_size: int,
     last = vocab_size - 1
     return {"sampling": SamplingConfig(bad_words_ids=[(last,)] + [
         (last - i, last - i - 1, last - i - 2, last - i - 3) for i in range(1, 32)])}
+  if name == "guide":
+    from asd_jax.token_guide import TokenGuide
+    return {"sampling": SamplingConfig(guide=TokenGuide.from_regex(r"[\s\S]*", tokenizer,
+                                                                   vocab_size)),
+            "eos_ids": (vocab_size - 2,)}
   if name == "stop":
     return {"stop": StopStrings.from_tokenizer(tokenizer, (stop_text,))}
   if name == "stop-ungated":

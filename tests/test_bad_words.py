@@ -169,14 +169,19 @@ def test_the_equality_check_fails_when_rows_ignore_their_drafted_context(monkeyp
 
 
 def test_the_target_drafting_for_itself_accepts_every_draft():
-  """The chain drafter bans the words as the target does (it reads the same tail and adds its
-  own drafts to it): every round but a row's last accepts all K drafts."""
+  """The chain and tree drafters ban the words as the target does (they read the same tail and
+  add their own drafts, a tree node's path, to it): every round but a row's last accepts all K
+  drafts, or the top-1 tree's whole depth."""
   k = 4
   for words in WORD_SETS:
-    out = asd_decode(_FNS, _PARAMS, lm_chain_drafter(_FNS, k), _PARAMS, _PROMPT, _LENGTHS,
-                     max_new_tokens=MAX_NEW, sampling=SamplingConfig(bad_words_ids=words))
-    rounds, accepted = np.asarray(out.stats.rounds_B), np.asarray(out.stats.accepted_B)
-    assert (accepted >= (rounds - 1) * k).all(), (words, rounds, accepted)
+    sampling = SamplingConfig(bad_words_ids=words)
+    for out in (asd_decode(_FNS, _PARAMS, lm_chain_drafter(_FNS, k), _PARAMS, _PROMPT,
+                           _LENGTHS, max_new_tokens=MAX_NEW, sampling=sampling),
+                asd_tree_decode(_FNS, _PARAMS, lm_tree_drafter(_FNS, TreeShape(k, 1, k)),
+                                _PARAMS, _PROMPT, _LENGTHS, max_new_tokens=MAX_NEW,
+                                sampling=sampling)):
+      rounds, accepted = np.asarray(out.stats.rounds_B), np.asarray(out.stats.accepted_B)
+      assert (accepted >= (rounds - 1) * k).all(), (words, rounds, accepted)
 
 
 def test_sampled_answers_never_hold_a_bad_word():

@@ -54,6 +54,11 @@ from tests.test_bench_cli import tiny_target  # noqa: F401  (module fixture)
      "unknown ASD preset 'fast'; choose one of paper, exploratory, strict"),
     (["--prompt", "hi", "--stop", "x", "--stop", ""], "--stop '' would end every answer"),
     (["--prompt", "hi", "--bad-words", ""], "--bad-words '' would ban nothing"),
+    (["--prompt", "hi", "--guided-choice", "x", "--guided-choice", ""],
+     "--guided-choice '' is an empty answer"),
+    (["--prompt", "hi", "--guided-json", "{\"type\": "], "--guided-json: not a JSON schema"),
+    (["--prompt", "hi", "--guided-json", "[1, 2]"], "--guided-json: a JSON schema is a JSON "
+     "object"),
     (["--prompt", "hi", "--logprobs"], "--logprobs adds each token's log-probability to the "
      "--json output; pass --json"),
     (["--prompt", "hi", "--json", "--top-logprobs", "3"], "--top-logprobs lists the likeliest "
@@ -239,10 +244,20 @@ def test_asd_settings_from_the_preset_and_k_from_the_drafter(tiny_target, capsys
      'line 2: "bad_words" must be a string or a list of strings'),
     ("bad_word.jsonl", '{"prompt": "a", "bad_words": ["x", ""]}\n',
      'line 1: an empty "bad_words" string would ban nothing'),
+    ("guided_json.jsonl", '{"prompt": "a", "guided_json": 3}\n',
+     'line 1: "guided_json" must be a JSON schema (an object or its text)'),
+    ("guided_text.jsonl", '{"prompt": "a", "guided_json": "{nope"}\n',
+     'line 1: "guided_json" must be a JSON schema'),
+    ("guided_choice.jsonl", '{"prompt": "a", "guided_choice": ["x", ""]}\n',
+     'line 1: "guided_choice" must be a non-empty list of non-empty strings'),
+    ("guided_regex.jsonl", '{"prompt": "a", "guided_regex": ""}\n',
+     'line 1: "guided_regex" must be a non-empty string'),
+    ("guided_two.jsonl", '{"prompt": "a", "guided_regex": "x", "guided_choice": ["y"]}\n',
+     'line 1: give one of "guided_regex", "guided_choice"'),
     ("typo.jsonl", '{"prompt": "a"}\n{"prompt": "b", "stops": ["x"]}\n',
      "line 2 has key(s) 'stops', which a request does not take (did you mean 'stop'?); the keys "
-     "are 'allowed_token_ids', 'bad_words', 'frequency_penalty', 'ignore_eos', "
-     "'include_stop_str_in_output', "
+     "are 'allowed_token_ids', 'bad_words', 'frequency_penalty', 'guided_choice', "
+     "'guided_json', 'guided_regex', 'ignore_eos', 'include_stop_str_in_output', "
      "'logit_bias', 'max_new_tokens', 'messages', 'min_p', 'min_tokens', 'n', "
      "'presence_penalty', 'prompt', 'repetition_penalty', 'seed', 'stop', 'stop_token_ids', "
      "'temperature', 'top_k', 'top_p'"),
@@ -645,6 +660,41 @@ def test_bad_words_are_never_in_an_answer(tiny_target, tmp_path, capsys):  # noq
   (tmp_path / "q.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
   answers = run("--prompts-file", str(tmp_path / "q.jsonl"), *flags[:2])["answers"]
   assert [a["tokens"] for a in answers] == [out, run("--prompt", prompt, *flags[:2])["tokens"]]
+
+
+def test_guided_answers_are_one_of_the_choices(tiny_target, tmp_path, capsys):  # noqa: F811
+  """--guided-choice makes every answer one of the texts (here one word each), with and
+  without a drafter; a .jsonl line's own "guided_choice" replaces the flag's, a line without
+  one keeps it; a line that ignores EOS is refused (a guided answer ends at EOS), naming its
+  line, before any row decodes."""
+  import json
+  common = ["--target", str(tiny_target), "--max-new-tokens", "8", "--json"]
+
+  def run(*more):
+    main([*common, *more])
+    return json.loads(capsys.readouterr().out)
+
+  prompt = "write a python function"
+  assert run("--prompt", prompt)["text"] not in ("python", "function")  # the premise
+  flags = ["--guided-choice", "python", "--guided-choice", "function"]
+  out = run("--prompt", prompt, *flags)
+  assert out["text"] in ("python", "function") and out["finish_reason"] == "eos"
+  assert run("--prompt", prompt, *flags, "--draft", "ngram", "--k", "3")["tokens"] == (
+      out["tokens"])
+  lines = [{"prompt": prompt, "guided_choice": ["return", "list"]}, {"prompt": "the list"}]
+  (tmp_path / "q.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+  answers = run("--prompts-file", str(tmp_path / "q.jsonl"), *flags)["answers"]
+  assert answers[0]["text"] in ("return", "list")
+  assert answers[1]["tokens"] == run("--prompt", "the list", *flags)["tokens"]
+  lines.append({"prompt": "a", "ignore_eos": True})
+  (tmp_path / "q.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+  with pytest.raises(SystemExit) as e:
+    main([*common, "--prompts-file", str(tmp_path / "q.jsonl"), *flags])
+  assert e.value.code == 2
+  assert "line 3: structured output ends an answer at an EOS id" in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    main([*common, "--prompt", prompt, *flags, "--min-tokens", "2"])
+  assert "with min_tokens is not supported" in capsys.readouterr().err
 
 
 def test_a_prompt_too_long_in_a_file_is_named_before_any_batch(tiny_target, tmp_path,  # noqa: F811

@@ -190,14 +190,19 @@ def test_asd_never_spends_its_budget_on_a_held_back_eos():
 
 
 def test_the_target_drafting_for_itself_accepts_every_draft():
-  """The chain drafter holds the EOS back as the target does (and adds the bias): every round
-  but a row's last accepts all K drafts. Without the drafter-side edits it would not."""
+  """The chain and tree drafters hold the EOS back as the target does (and add the bias; a
+  tree node by its path's length): every round but a row's last accepts all K drafts, or the
+  top-1 tree's whole depth. Without the drafter-side edits they would not."""
   k = 4
+  tree = lm_tree_drafter(_FNS, TreeShape(k, 1, k))
   for setting in SETTINGS:
-    out = asd_decode(_FNS, _PARAMS, lm_chain_drafter(_FNS, k), _PARAMS, _PROMPT, _LENGTHS,
-                     max_new_tokens=MAX_NEW, eos_ids=_EOS, sampling=SamplingConfig(**setting))
-    rounds, accepted = np.asarray(out.stats.rounds_B), np.asarray(out.stats.accepted_B)
-    assert (accepted >= (rounds - 1) * k).all(), (setting, rounds, accepted)
+    sampling = SamplingConfig(**setting)
+    for out in (asd_decode(_FNS, _PARAMS, lm_chain_drafter(_FNS, k), _PARAMS, _PROMPT,
+                           _LENGTHS, max_new_tokens=MAX_NEW, eos_ids=_EOS, sampling=sampling),
+                asd_tree_decode(_FNS, _PARAMS, tree, _PARAMS, _PROMPT, _LENGTHS,
+                                max_new_tokens=MAX_NEW, eos_ids=_EOS, sampling=sampling)):
+      rounds, accepted = np.asarray(out.stats.rounds_B), np.asarray(out.stats.accepted_B)
+      assert (accepted >= (rounds - 1) * k).all(), (setting, rounds, accepted)
 
 
 def test_sampled_answers_hold_eos_back_until_min_tokens():

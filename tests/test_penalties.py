@@ -192,15 +192,20 @@ def test_the_equality_check_fails_when_rounds_ignore_the_drafted_context(monkeyp
 
 
 def test_a_language_model_drafter_drafts_under_the_penalties():
-  """The target drafting for itself (K=4) accepts every draft token of every round but a
-  row's last: its drafts are the penalized target's picks. A drafter that ignored the
-  penalties would lose rounds wherever a penalty changes the target's choice."""
+  """The target drafting for itself (a K=4 chain, or a depth-4 top-1 tree) accepts every draft token
+  of every round but a row's last: its drafts are the penalized target's picks (a tree node's
+  counting its path). A drafter that ignored the penalties would lose rounds wherever a penalty
+  changes the target's choice."""
   k = 4
+  tree = lm_tree_drafter(_FNS, TreeShape(k, 1, k))
   for setting in SETTINGS:
-    out = asd_decode(_FNS, _PARAMS, lm_chain_drafter(_FNS, k), _PARAMS, _PROMPT, _LENGTHS,
-                     max_new_tokens=30, sampling=SamplingConfig(**setting))
-    rounds, accepted = np.asarray(out.stats.rounds_B), np.asarray(out.stats.accepted_B)
-    assert (accepted >= (rounds - 1) * k).all(), (setting, rounds, accepted)
+    sampling = SamplingConfig(**setting)
+    for out in (asd_decode(_FNS, _PARAMS, lm_chain_drafter(_FNS, k), _PARAMS, _PROMPT,
+                           _LENGTHS, max_new_tokens=30, sampling=sampling),
+                asd_tree_decode(_FNS, _PARAMS, tree, _PARAMS, _PROMPT, _LENGTHS,
+                                max_new_tokens=30, sampling=sampling)):
+      rounds, accepted = np.asarray(out.stats.rounds_B), np.asarray(out.stats.accepted_B)
+      assert (accepted >= (rounds - 1) * k).all(), (setting, rounds, accepted)
 
 
 def test_a_row_decodes_as_it_would_alone():
