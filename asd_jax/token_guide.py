@@ -24,8 +24,9 @@ import re
 
 import numpy as np
 
-# The dense table costs S x V x 4 bytes on the device (a 40-state JSON object over SmolLM2's
-# 49,152 tokens: 7.9 MB); past this many entries (1 GiB) a grammar is refused.
+# The engines' dense table costs S x V x 4 bytes on the device, S the state count + 1 rounded up
+# to a power of two (a 39-state JSON object over SmolLM2's 49,152 tokens: 64 rows, 12.6 MB);
+# past this many entries (1 GiB) a grammar is refused.
 MAX_TABLE_ENTRIES = 1 << 28
 
 
@@ -73,9 +74,10 @@ class TokenGuide:
     transitions = index.get_transitions()
     states = sorted(set(transitions) | {index.get_initial_state()}
                     | {s for row in transitions.values() for s in row.values()})
-    if len(states) * vocab_size > MAX_TABLE_ENTRIES:
+    rows = _power_of_two(len(states) + 1)  # the engines' table (device_table)
+    if rows * vocab_size > MAX_TABLE_ENTRIES:
       raise ValueError(f"guided decoding: the grammar has {len(states)} states, a "
-                       f"{len(states)} x {vocab_size} table past {MAX_TABLE_ENTRIES} entries; "
+                       f"{rows} x {vocab_size} table past {MAX_TABLE_ENTRIES} entries; "
                        "simplify it")
     number = {s: i for i, s in enumerate(states)}
     next_SxV = np.full((len(states), vocab_size), -1, np.int32)

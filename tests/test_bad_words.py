@@ -19,8 +19,8 @@ import pytest
 from asd_jax import (SamplingConfig, TreeShape, asd_decode, asd_tree_decode, lm_chain_drafter,
                      lm_tree_drafter, plain_decode)
 from asd_jax import bad_words, logit_edits
-from asd_jax.asd_config import ASDConfig
 from asd_jax.ngram_drafter import ngram_drafter
+from tests.test_logit_edits import _engines as strict_engines
 from tests.test_penalties import _DRAFT_PARAMS, _FNS, _LENGTHS, _PARAMS, _PROMPT, VOCAB
 
 MAX_NEW = 24
@@ -118,25 +118,9 @@ def test_plain_decoding_follows_the_reference_loop(words):
   assert (tokens != _FREE).any(axis=1).sum() >= 2  # the words matter
 
 
-def _engines():
-  tree = lm_tree_drafter(_FNS, TreeShape(4, 3, 12))
-  common = dict(max_new_tokens=MAX_NEW)
-  return {
-      "chain K=4": lambda s: asd_decode(_FNS, _PARAMS, lm_chain_drafter(_FNS, 4), _DRAFT_PARAMS,
-                                        _PROMPT, _LENGTHS, sampling=s, **common),
-      "ngram K=4": lambda s: asd_decode(_FNS, _PARAMS, ngram_drafter(4, VOCAB), None, _PROMPT,
-                                        _LENGTHS, sampling=s, **common),
-      "tree 4,3,12": lambda s: asd_tree_decode(_FNS, _PARAMS, tree, _DRAFT_PARAMS, _PROMPT,
-                                               _LENGTHS, sampling=s, **common),
-      "tree asd B=0": lambda s: asd_tree_decode(
-          _FNS, _PARAMS, tree, _DRAFT_PARAMS, _PROMPT, _LENGTHS, sampling=s, rule="asd",
-          asd_config=ASDConfig(0.0, 0.5, 2), **common),
-  }
-
-
 @pytest.mark.parametrize("engine", ["chain K=4", "ngram K=4", "tree 4,3,12", "tree asd B=0"])
 def test_strict_speculative_decoding_equals_plain_decoding(engine):
-  decode = _engines()[engine]
+  decode = strict_engines(())[engine]
   for words in WORD_SETS:
     sampling = SamplingConfig(bad_words_ids=words)
     want = _greedy(sampling=sampling)

@@ -26,9 +26,10 @@ from asd_jax import logit_edits, token_guide
 from asd_jax.asd_config import ASDConfig
 from asd_jax.ngram_drafter import ngram_drafter
 from asd_jax.token_guide import TokenGuide
+from tests.test_logit_edits import _engines as strict_engines
 from tests.test_penalties import _DRAFT_PARAMS, _FNS, _LENGTHS, _PARAMS, _PROMPT, VOCAB
 
-MAX_NEW = 16
+MAX_NEW = 24  # as tests.test_logit_edits, whose strict engines these tests share
 EOS = (3,)
 
 
@@ -102,27 +103,11 @@ def test_plain_decoding_follows_the_reference_loop():
   assert not any(GUIDE.accepts(a[:-1]) for a in free)  # the premise: unguided, none matches
 
 
-def _engines():
-  tree = lm_tree_drafter(_FNS, TreeShape(4, 3, 12))
-  common = dict(max_new_tokens=MAX_NEW, eos_ids=EOS)
-  return {
-      "chain K=4": lambda s: asd_decode(_FNS, _PARAMS, lm_chain_drafter(_FNS, 4), _DRAFT_PARAMS,
-                                        _PROMPT, _LENGTHS, sampling=s, **common),
-      "ngram K=4": lambda s: asd_decode(_FNS, _PARAMS, ngram_drafter(4, VOCAB), None, _PROMPT,
-                                        _LENGTHS, sampling=s, **common),
-      "tree 4,3,12": lambda s: asd_tree_decode(_FNS, _PARAMS, tree, _DRAFT_PARAMS, _PROMPT,
-                                               _LENGTHS, sampling=s, **common),
-      "tree asd B=0": lambda s: asd_tree_decode(
-          _FNS, _PARAMS, tree, _DRAFT_PARAMS, _PROMPT, _LENGTHS, sampling=s, rule="asd",
-          asd_config=ASDConfig(0.0, 0.5, 2), **common),
-  }
-
-
 @pytest.mark.parametrize("engine", ["chain K=4", "ngram K=4", "tree 4,3,12", "tree asd B=0"])
 def test_strict_speculative_decoding_equals_plain_decoding(engine):
   for guide in (GUIDE, OTHER):
     sampling = SamplingConfig(guide=guide)
-    got, want = _engines()[engine](sampling), _plain(sampling)
+    got, want = strict_engines(EOS)[engine](sampling), _plain(sampling)
     assert _answers(got) == _answers(want), (engine, guide.source)
 
 
