@@ -296,11 +296,10 @@ def read_prompts_file(path: str) -> list[PromptLine]:
   "messages" (a conversation, checked by models.tokenizer.chat_messages) and optionally "stop"
   (a string or a list: that answer's own stop strings), "stop_token_ids" and "bad_words" (its
   own, added to the flags'), "max_new_tokens", "seed", "ignore_eos", "n",
-  "include_stop_str_in_output" and the sampling settings of SAMPLING_RECORD_KEYS (that answer's
-  own); any other key is refused (a misspelt "stops" would otherwise be dropped without a
+  "include_stop_str_in_output", one of "guided_json", "guided_regex" and "guided_choice", and
+  the sampling settings of SAMPLING_RECORD_KEYS (that answer's own); any other key is refused (a misspelt "stops" would otherwise be dropped without a
   word). Trailing blank lines are dropped; a blank line or message between prompts is refused,
   as a hole in the file is likelier a mistake than a prompt."""
-  import json
   flag = f"--prompts-file {path}"
   if Path(path).is_dir():
     raise ValueError(f"{flag} is a folder, not a file")

@@ -70,10 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
                    '{"prompt": ..., "stop": [...]} objects, or {"messages": [{"role": ..., '
                    '"content": ...}, ...]} for a conversation; optional: "stop", that answer\'s '
                    'stop strings, added to --stop\'s, "stop_token_ids" and "bad_words", added '
-                   'to the flags\', '
-                   'and its own "max_new_tokens", "seed", "ignore_eos", "n", '
-                   '"include_stop_str_in_output" and sampling settings, e.g. "temperature", '
-                   '"min_tokens", "logit_bias"); the chat template is applied to each')
+                   'to the flags\', and its own "max_new_tokens", "seed", "ignore_eos", "n", '
+                   '"include_stop_str_in_output", "guided_json" / "guided_regex" / '
+                   '"guided_choice" and sampling settings, e.g. "temperature", "min_tokens", '
+                   '"logit_bias"); the chat template is applied to each')
   p.add_argument("--system", metavar="TEXT", help="system message placed before each prompt "
                  "(replaces the chat template's default one, e.g. SmolLM2's)")
   p.add_argument("--batch-size", type=int,
@@ -246,22 +246,30 @@ def line_samplings(base: SamplingConfig, lines, path: str) -> list[SamplingConfi
   return samplings
 
 
+def per_line(path: str | None, rows, build) -> list:
+  """build(*row) for each request's row of values; a refusal names its prompts-file line."""
+  out = []
+  for number, row in enumerate(rows, 1):
+    try:
+      out.append(build(*row))
+    except ValueError as e:
+      raise ValueError(f"--prompts-file {path}: line {number}: {e}" if path else str(e)) from None
+  return out
+
+
 def with_bad_words(samplings, tokenizer, words, vocab_size: int,
                    path: str | None) -> list[SamplingConfig]:
   """Each request's SamplingConfig with its bad words (text) as token sequences
   (models.tokenizer.bad_words_ids), checked before any row decodes (too many words, or words
   that ban every allowed id); a refusal names its line."""
   from models.tokenizer import bad_words_ids
-  out = []
-  for number, (own, texts) in enumerate(zip(samplings, words), 1):
-    try:
-      if texts:
-        own = dataclasses.replace(own, bad_words_ids=bad_words_ids(tokenizer, texts))
-        own.logit_edits(vocab_size)
-      out.append(own)
-    except ValueError as e:
-      raise ValueError(f"--prompts-file {path}: line {number}: {e}" if path else str(e)) from None
-  return out
+
+  def build(own, texts):
+    if texts:
+      own = dataclasses.replace(own, bad_words_ids=bad_words_ids(tokenizer, texts))
+      own.logit_edits(vocab_size)
+    return own
+  return per_line(path, zip(samplings, words), build)
 
 
 def guide_request(args, lines, path: str | None) -> list:
@@ -298,19 +306,17 @@ def with_guides(samplings, tokenizer, requests, vocab_size: int, eos_rows,
   from asd_jax.token_guide import TokenGuide
   build = {"json": TokenGuide.from_json_schema, "regex": TokenGuide.from_regex,
            "choice": TokenGuide.from_choice}
-  guides, out = {}, []
-  for number, (own, request, eos) in enumerate(zip(samplings, requests, eos_rows), 1):
-    try:
-      if request is not None:
-        key = json.dumps(request, sort_keys=True)
-        if key not in guides:
-          guides[key] = build[request[0]](request[1], tokenizer, vocab_size)
-        own = dataclasses.replace(own, guide=guides[key])
-        own.logit_edits(vocab_size, eos)
-      out.append(own)
-    except ValueError as e:
-      raise ValueError(f"--prompts-file {path}: line {number}: {e}" if path else str(e)) from None
-  return out
+  guides = {}
+
+  def with_guide(own, request, eos):
+    if request is not None:
+      key = json.dumps(request, sort_keys=True)
+      if key not in guides:
+        guides[key] = build[request[0]](request[1], tokenizer, vocab_size)
+      own = dataclasses.replace(own, guide=guides[key])
+      own.logit_edits(vocab_size, eos)
+    return own
+  return per_line(path, zip(samplings, requests, eos_rows), with_guide)
 
 
 def line_values(lines, field: str, flag_value) -> list:
