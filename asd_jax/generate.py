@@ -13,6 +13,9 @@ Examples:
   python -m asd_jax.generate --prompt "..." --stop '\\n\\n' --json   # end at a blank line
   python -m asd_jax.generate --prompt "..." --system "Answer in one word."
   python -m asd_jax.generate --pair smollm2-135m --prompt "..." --repetition-penalty 1.2
+  python -m asd_jax.generate --pair smollm2-135m --prompt "..." --guided-json schema.json  # JSON
+  python -m asd_jax.generate --prompt "Is Paris in France?" --guided-choice yes --guided-choice no
+  python -m asd_jax.generate --prompt "..." --bad-words "as an AI"
 
 Without --draft: plain decoding. With --draft: --rule strict (default; output == plain greedy),
 asd (--asd-preset, --budget/--gate/--max-exceptions; greedy only) or sample (lossless, uses
