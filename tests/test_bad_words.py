@@ -9,8 +9,6 @@ beside rows with other words or none; other words of the same bucket reuse the p
 values are refused before anything runs; the tokenizer's two forms of a word.
 """
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,7 +18,7 @@ from asd_jax import (SamplingConfig, TreeShape, asd_decode, asd_tree_decode, lm_
                      lm_tree_drafter, plain_decode)
 from asd_jax import bad_words, logit_edits
 from asd_jax.ngram_drafter import ngram_drafter
-from tests.test_logit_edits import _engines as strict_engines
+from tests.test_logit_edits import _engines as strict_engines, engines_ignoring_drafted_context
 from tests.test_penalties import _DRAFT_PARAMS, _FNS, _LENGTHS, _PARAMS, _PROMPT, VOCAB
 
 MAX_NEW = 24
@@ -131,21 +129,9 @@ def test_strict_speculative_decoding_equals_plain_decoding(engine):
 
 def test_the_equality_check_fails_when_rows_ignore_their_drafted_context(monkeypatch):
   """Rounds whose rows match the words against the committed answer only (not draft[:j], not
-  the node's path) let a drafted word through where plain decoding bans it: the control."""
-  from asd_jax import spec_decode, tree_decode
-  monkeypatch.setattr(spec_decode.logit_edits, "chain_context",
-                      lambda d: jnp.full((d.shape[0], d.shape[1] + 1, 1), -1, jnp.int32))
-  monkeypatch.setattr(tree_decode.logit_edits, "tree_context",
-                      lambda t, p: jnp.full((t.shape[0], t.shape[1] + 1, 1), -1, jnp.int32))
-  chain = dataclasses.replace(lm_chain_drafter(_FNS, 4))  # new static args: traced again
-  tree = dataclasses.replace(lm_tree_drafter(_FNS, TreeShape(4, 3, 12)))
-  # The target drafts for itself, so its drafts hold the free answers' words.
-  engines = {
-      "chain": lambda s: asd_decode(_FNS, _PARAMS, chain, _PARAMS, _PROMPT, _LENGTHS,
-                                    max_new_tokens=MAX_NEW, sampling=s),
-      "tree": lambda s: asd_tree_decode(_FNS, _PARAMS, tree, _PARAMS, _PROMPT, _LENGTHS,
-                                        max_new_tokens=MAX_NEW, sampling=s)}
-  for name, decode in engines.items():
+  the node's path) let a drafted word through where plain decoding bans it: the control. (The
+  target drafts for itself, so its drafts hold the free answers' words.)"""
+  for name, decode in engines_ignoring_drafted_context(monkeypatch, ()).items():
     failures = sum(not np.array_equal(np.asarray(decode(SamplingConfig(
         bad_words_ids=words)).tokens_BxN), _greedy(sampling=SamplingConfig(
             bad_words_ids=words))[0]) for words in WORD_SETS[1:])

@@ -149,10 +149,10 @@ def test_strict_speculative_decoding_equals_plain_decoding(engine):
     _assert_same(decode(sampling), want, f"{engine} {setting}")
 
 
-def test_the_equality_check_fails_when_rows_ignore_their_drafted_length(monkeypatch):
-  """Rounds whose rows read only the committed length (not draft[:j]'s, not the node's path's)
-  hold an EOS back where plain decoding chooses it, and must fail the equality above: the
-  control."""
+def engines_ignoring_drafted_context(monkeypatch, eos):
+  """Chain and tree engines, the target drafting for itself, whose rounds give every logits row
+  the committed output only as context (not draft[:j], not the node's path): what the equality
+  checks of the logit edits must catch (their controls)."""
   from asd_jax import spec_decode, tree_decode
   monkeypatch.setattr(spec_decode.logit_edits, "chain_context",
                       lambda d: jnp.full((d.shape[0], d.shape[1] + 1, 1), -1, jnp.int32))
@@ -160,13 +160,18 @@ def test_the_equality_check_fails_when_rows_ignore_their_drafted_length(monkeypa
                       lambda t, p: jnp.full((t.shape[0], t.shape[1] + 1, 1), -1, jnp.int32))
   chain = dataclasses.replace(lm_chain_drafter(_FNS, 4))  # new static args: traced again
   tree = dataclasses.replace(lm_tree_drafter(_FNS, TreeShape(4, 3, 12)))
-  # The target drafts for itself, so rounds run through the min_tokens-th token.
-  engines = {
+  return {
       "chain": lambda s: asd_decode(_FNS, _PARAMS, chain, _PARAMS, _PROMPT, _LENGTHS,
-                                    max_new_tokens=MAX_NEW, eos_ids=_EOS, sampling=s),
+                                    max_new_tokens=MAX_NEW, eos_ids=eos, sampling=s),
       "tree": lambda s: asd_tree_decode(_FNS, _PARAMS, tree, _PARAMS, _PROMPT, _LENGTHS,
-                                        max_new_tokens=MAX_NEW, eos_ids=_EOS, sampling=s)}
-  for name, decode in engines.items():
+                                        max_new_tokens=MAX_NEW, eos_ids=eos, sampling=s)}
+
+
+def test_the_equality_check_fails_when_rows_ignore_their_drafted_length(monkeypatch):
+  """Rounds whose rows read only the committed length (not draft[:j]'s, not the node's path's)
+  hold an EOS back where plain decoding chooses it, and must fail the equality above: the
+  control. (The target drafts for itself, so rounds run through the min_tokens-th token.)"""
+  for name, decode in engines_ignoring_drafted_context(monkeypatch, _EOS).items():
     failures = 0
     for min_tokens in range(3, 9):
       sampling = SamplingConfig(min_tokens=min_tokens)

@@ -11,7 +11,6 @@ tokenizer's own spelling of matching text and refuse the rest, and a guided Smol
 valid JSON, the same in plain and strict decoding.
 """
 
-import dataclasses
 import importlib.util
 import json
 
@@ -26,7 +25,7 @@ from asd_jax import logit_edits, token_guide
 from asd_jax.asd_config import ASDConfig
 from asd_jax.ngram_drafter import ngram_drafter
 from asd_jax.token_guide import TokenGuide
-from tests.test_logit_edits import _engines as strict_engines
+from tests.test_logit_edits import _engines as strict_engines, engines_ignoring_drafted_context
 from tests.test_penalties import _DRAFT_PARAMS, _FNS, _LENGTHS, _PARAMS, _PROMPT, VOCAB
 
 MAX_NEW = 24  # as tests.test_logit_edits, whose strict engines these tests share
@@ -115,21 +114,10 @@ def test_the_equality_check_fails_when_rows_ignore_their_drafted_context(monkeyp
   """Rounds whose rows take the committed answer's state for every draft position (not the
   state after draft[:j] or the node's path) verify drafts against the wrong states: the
   control."""
-  from asd_jax import spec_decode, tree_decode
-  monkeypatch.setattr(spec_decode.logit_edits, "chain_context",
-                      lambda d: jnp.full((d.shape[0], d.shape[1] + 1, 1), -1, jnp.int32))
-  monkeypatch.setattr(tree_decode.logit_edits, "tree_context",
-                      lambda t, p: jnp.full((t.shape[0], t.shape[1] + 1, 1), -1, jnp.int32))
-  chain = dataclasses.replace(lm_chain_drafter(_FNS, 4))  # new static args: traced again
-  tree = dataclasses.replace(lm_tree_drafter(_FNS, TreeShape(4, 3, 12)))
   sampling = SamplingConfig(guide=GUIDE)
   want = _answers(_plain(sampling))
-  for name, out in (
-      ("chain", asd_decode(_FNS, _PARAMS, chain, _PARAMS, _PROMPT, _LENGTHS,
-                           max_new_tokens=MAX_NEW, eos_ids=EOS, sampling=sampling)),
-      ("tree", asd_tree_decode(_FNS, _PARAMS, tree, _PARAMS, _PROMPT, _LENGTHS,
-                               max_new_tokens=MAX_NEW, eos_ids=EOS, sampling=sampling))):
-    assert _answers(out) != want, name
+  for name, decode in engines_ignoring_drafted_context(monkeypatch, EOS).items():
+    assert _answers(decode(sampling)) != want, name
 
 
 def test_asd_at_any_budget_answers_only_matches():
