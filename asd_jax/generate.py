@@ -309,7 +309,7 @@ def with_guides(samplings, tokenizer, requests, vocab_size: int, eos_rows,
   from asd_jax.token_guide import TokenGuide
   build = {"json": TokenGuide.from_json_schema, "regex": TokenGuide.from_regex,
            "choice": TokenGuide.from_choice}
-  guides = {}
+  guides, checked = {}, set()
 
   def with_guide(own, request, eos):
     if request is not None:
@@ -317,7 +317,10 @@ def with_guides(samplings, tokenizer, requests, vocab_size: int, eos_rows,
       if key not in guides:
         guides[key] = build[request[0]](request[1], tokenizer, vocab_size)
       own = dataclasses.replace(own, guide=guides[key])
-      own.logit_edits(vocab_size, eos)
+      # The check builds the guide's device table (tens of MB): once per distinct request.
+      if (own, eos) not in checked:
+        own.logit_edits(vocab_size, eos)
+        checked.add((own, eos))
     return own
   return per_line(path, zip(samplings, requests, eos_rows), with_guide)
 
